@@ -1,0 +1,168 @@
+"""cffi builder for pyvmm._native (API mode: compiled against the headers).
+
+Struct layouts and ioctl numbers come from <linux/kvm.h> and from the
+headers in csrc/ at build time; nothing here hand-computes an offset.
+csrc/*.h are written so cffi's cdef parser can read them directly, which is
+how the guest/host ABI stays defined in exactly one place.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from pathlib import Path
+
+from cffi import FFI
+
+HERE = Path(__file__).resolve().parent
+SHARED_HEADERS = ("hvt_abi.h", "native.h")
+SOURCES = ("native.c",)
+
+_DEFINE = re.compile(r"^#define\s+\w+\s+(0x[0-9a-fA-F]+|\d+)\s*$")
+
+
+def cdef_of(header: Path) -> str:
+    """The header with preprocessor lines dropped, except integer #defines."""
+    lines = []
+    for line in header.read_text().splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#") and not _DEFINE.match(stripped):
+            continue
+        lines.append(line)
+    return "\n".join(lines)
+
+
+# Values filled in by the C compiler from <linux/kvm.h> ("..." in cdef).
+KVM_CONSTANTS = """
+KVM_API_VERSION KVM_GET_API_VERSION KVM_CREATE_VM KVM_CHECK_EXTENSION
+KVM_GET_VCPU_MMAP_SIZE KVM_CREATE_VCPU KVM_SET_USER_MEMORY_REGION KVM_RUN
+KVM_IOEVENTFD KVM_GET_STATS_FD KVM_MEM_READONLY
+KVM_EXIT_UNKNOWN KVM_EXIT_EXCEPTION KVM_EXIT_IO KVM_EXIT_HYPERCALL
+KVM_EXIT_DEBUG KVM_EXIT_HLT KVM_EXIT_MMIO KVM_EXIT_SHUTDOWN
+KVM_EXIT_FAIL_ENTRY KVM_EXIT_INTR KVM_EXIT_INTERNAL_ERROR
+KVM_EXIT_SYSTEM_EVENT KVM_EXIT_IO_IN KVM_EXIT_IO_OUT
+KVM_CAP_USER_MEMORY KVM_CAP_IOEVENTFD KVM_CAP_BINARY_STATS_FD
+KVM_CAP_READONLY_MEM KVM_CAP_NR_MEMSLOTS
+KVM_IOEVENTFD_FLAG_PIO KVM_IOEVENTFD_FLAG_DATAMATCH KVM_IOEVENTFD_FLAG_DEASSIGN
+KVM_STATS_TYPE_MASK KVM_STATS_UNIT_MASK KVM_STATS_BASE_MASK
+""".split()
+
+X86_CONSTANTS = """
+KVM_GET_REGS KVM_SET_REGS KVM_GET_SREGS KVM_SET_SREGS
+KVM_GET_SUPPORTED_CPUID KVM_SET_CPUID2 KVM_GET_TSC_KHZ KVM_SET_TSS_ADDR
+KVM_SET_IDENTITY_MAP_ADDR KVM_CAP_GET_TSC_KHZ KVM_CAP_EXT_CPUID
+
+""".split()
+
+KVM_STRUCTS = """
+struct kvm_userspace_memory_region {
+    uint32_t slot;
+    uint32_t flags;
+    uint64_t guest_phys_addr;
+    uint64_t memory_size;
+    uint64_t userspace_addr;
+};
+struct kvm_ioeventfd {
+    uint64_t datamatch;
+    uint64_t addr;
+    uint32_t len;
+    int32_t fd;
+    uint32_t flags;
+    ...;
+};
+struct kvm_stats_header {
+    uint32_t flags;
+    uint32_t name_size;
+    uint32_t num_desc;
+    uint32_t id_offset;
+    uint32_t desc_offset;
+    uint32_t data_offset;
+};
+struct kvm_stats_desc {
+    uint32_t flags;
+    int16_t exponent;
+    uint16_t size;
+    uint32_t offset;
+    uint32_t bucket_size;
+    char name[];
+};
+"""
+
+X86_STRUCTS = """
+struct kvm_regs {
+    uint64_t rax, rbx, rcx, rdx;
+    uint64_t rsi, rdi, rsp, rbp;
+    uint64_t r8, r9, r10, r11;
+    uint64_t r12, r13, r14, r15;
+    uint64_t rip, rflags;
+};
+struct kvm_segment {
+    uint64_t base;
+    uint32_t limit;
+    uint16_t selector;
+    uint8_t type;
+    uint8_t present, dpl, db, s, l, g, avl;
+    uint8_t unusable;
+    ...;
+};
+struct kvm_dtable {
+    uint64_t base;
+    uint16_t limit;
+    ...;
+};
+struct kvm_sregs {
+    struct kvm_segment cs, ds, es, fs, gs, ss;
+    struct kvm_segment tr, ldt;
+    struct kvm_dtable gdt, idt;
+    uint64_t cr0, cr2, cr3, cr4, cr8;
+    uint64_t efer;
+    uint64_t apic_base;
+    unsigned long long interrupt_bitmap[...];
+};
+struct kvm_cpuid_entry2 {
+    uint32_t function;
+    uint32_t index;
+    uint32_t flags;
+    uint32_t eax;
+    uint32_t ebx;
+    uint32_t ecx;
+    uint32_t edx;
+    ...;
+};
+struct kvm_cpuid2 {
+    uint32_t nent;
+    ...;
+    struct kvm_cpuid_entry2 entries[];
+};
+"""
+
+
+def build_ffi(machine: str | None = None) -> FFI:
+    machine = machine or platform.machine()
+    ffi = FFI()
+    constants = list(KVM_CONSTANTS)
+    structs = KVM_STRUCTS
+    if machine == "x86_64":
+        constants += X86_CONSTANTS
+        structs += X86_STRUCTS
+    ffi.cdef("\n".join(f"#define {name} ..." for name in constants))
+    ffi.cdef(structs)
+    for header in SHARED_HEADERS:
+        ffi.cdef(cdef_of(HERE / header))
+    ffi.set_source(
+        "pyvmm._native",
+        "#include <linux/kvm.h>\n"
+        + "".join(f'#include "{h}"\n' for h in SHARED_HEADERS),
+        # setuptools insists on paths relative to the project directory.
+        sources=[os.path.relpath(HERE / s) for s in SOURCES],
+        include_dirs=[os.path.relpath(HERE)],
+        extra_compile_args=["-O2", "-Wall", "-std=gnu11"],
+    )
+    return ffi
+
+
+ffibuilder = build_ffi()
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

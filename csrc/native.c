@@ -1,0 +1,140 @@
+/* See native.h: exit decoding, ioctls and waits, compiled through cffi. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <linux/kvm.h>
+
+#include "native.h"
+
+long pyvmm_ioctl_ptr(int fd, unsigned long request, void *arg)
+{
+    long r = ioctl(fd, request, arg);
+    return r < 0 ? -errno : r;
+}
+
+long pyvmm_ioctl_val(int fd, unsigned long request, unsigned long arg)
+{
+    long r = ioctl(fd, request, arg);
+    return r < 0 ? -errno : r;
+}
+
+static uint64_t load_le(const uint8_t *p, uint32_t len)
+{
+    uint64_t v = 0;
+    if (len > 8)
+        len = 8;
+    memcpy(&v, p, len);
+    return v;
+}
+
+int pyvmm_vcpu_run(int vcpu_fd, void *kvm_run, struct pyvmm_exit *exit)
+{
+    struct kvm_run *run = kvm_run;
+
+    memset(exit, 0, sizeof(*exit));
+    if (ioctl(vcpu_fd, KVM_RUN, 0) < 0) {
+        int err = errno;
+        /*
+         * Newer kernels describe an -EFAULT (e.g. a guest write to memory
+         * the host mapped read-only) as a memory fault exit; the headers
+         * this builds against may predate it, hence the literal layout:
+         * flags, gpa, size at the start of the exit union.
+         */
+        if (err == EFAULT && run->exit_reason == PYVMM_EXIT_MEMORY_FAULT) {
+            const uint64_t *mf = (const uint64_t *)&run->hw;
+            exit->reason = PYVMM_EXIT_MEMORY_FAULT;
+            exit->fault_flags = mf[0];
+            exit->fault_gpa = mf[1];
+        }
+        return -err;
+    }
+    exit->reason = run->exit_reason;
+    switch (run->exit_reason) {
+    case KVM_EXIT_IO:
+        exit->io_direction = run->io.direction;
+        exit->io_size = run->io.size;
+        exit->io_port = run->io.port;
+        exit->io_count = run->io.count;
+        if (run->io.size <= 8)
+            exit->io_value = load_le((uint8_t *)run + run->io.data_offset,
+                                     run->io.size);
+        break;
+    case KVM_EXIT_MMIO:
+        exit->mmio_addr = run->mmio.phys_addr;
+        exit->mmio_len = run->mmio.len;
+        exit->mmio_is_write = run->mmio.is_write;
+        if (run->mmio.is_write)
+            exit->mmio_value = load_le(run->mmio.data, run->mmio.len);
+        break;
+    case KVM_EXIT_INTERNAL_ERROR:
+        exit->suberror = run->internal.suberror;
+        break;
+    case KVM_EXIT_FAIL_ENTRY:
+        exit->hw_reason = run->fail_entry.hardware_entry_failure_reason;
+        break;
+    case KVM_EXIT_UNKNOWN:
+        exit->hw_reason = run->hw.hardware_exit_reason;
+        break;
+    default:
+        break;
+    }
+    return 0;
+}
+
+int64_t pyvmm_wait_readable(const int *fds, int nfds, int64_t timeout_ns)
+{
+    struct pollfd pfds[64];
+    struct timespec ts;
+    int64_t mask = 0;
+    int i, r;
+
+    if (nfds < 0 || nfds > 64)
+        return -EINVAL;
+    for (i = 0; i < nfds; i++) {
+        pfds[i].fd = fds[i];
+        pfds[i].events = POLLIN;
+        pfds[i].revents = 0;
+    }
+    if (timeout_ns < 0)
+        timeout_ns = 0;
+    ts.tv_sec = timeout_ns / 1000000000;
+    ts.tv_nsec = timeout_ns % 1000000000;
+    r = ppoll(pfds, (nfds_t)nfds, &ts, NULL);
+    if (r < 0)
+        return -errno;
+    for (i = 0; i < nfds; i++)
+        if (pfds[i].revents & (POLLIN | POLLERR | POLLHUP))
+            mask |= (int64_t)1 << i;
+    return mask;
+}
+
+int64_t pyvmm_map_anonymous(uint64_t size)
+{
+    /* No PROT_EXEC: only segments the ELF marks executable get it. */
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return -errno;
+    return (int64_t)(uintptr_t)p;
+}
+
+int pyvmm_protect(uint64_t addr, uint64_t size, int prot)
+{
+    int p = 0;
+    if (prot & PYVMM_PROT_READ)
+        p |= PROT_READ;
+    if (prot & PYVMM_PROT_WRITE)
+        p |= PROT_WRITE;
+    if (prot & PYVMM_PROT_EXEC)
+        p |= PROT_EXEC;
+    return mprotect((void *)(uintptr_t)addr, size, p) < 0 ? -errno : 0;
+}
+
+int pyvmm_unmap(uint64_t addr, uint64_t size)
+{
+    return munmap((void *)(uintptr_t)addr, size) < 0 ? -errno : 0;
+}
