@@ -138,3 +138,66 @@ int pyvmm_unmap(uint64_t addr, uint64_t size)
 {
     return munmap((void *)(uintptr_t)addr, size) < 0 ? -errno : 0;
 }
+
+#include <signal.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t stop_signal;
+static struct kvm_run *volatile stop_run;
+static volatile int stop_fd = -1;
+static const int stop_signals[] = { SIGINT, SIGTERM, SIGHUP };
+#define N_STOP_SIGNALS (sizeof(stop_signals) / sizeof(stop_signals[0]))
+static struct sigaction saved_actions[N_STOP_SIGNALS];
+static int signals_installed;
+
+static void on_stop_signal(int sig)
+{
+    int saved_errno = errno;
+    uint64_t one = 1;
+    struct kvm_run *run = stop_run;
+
+    if (!stop_signal)
+        stop_signal = sig;
+    if (run)
+        run->immediate_exit = 1;
+    if (stop_fd >= 0 && write(stop_fd, &one, sizeof(one)) < 0) {
+        /* Nothing to do: the flag alone still stops the run loop. */
+    }
+    errno = saved_errno;
+}
+
+int pyvmm_signals_install(int fd, void *kvm_run)
+{
+    struct sigaction sa;
+    size_t i;
+
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    stop_signal = 0;
+    stop_fd = fd;
+    stop_run = kvm_run;
+    for (i = 0; i < N_STOP_SIGNALS; i++)
+        if (sigaction(stop_signals[i], &sa, &saved_actions[i]) < 0)
+            return -errno;
+    signals_installed = 1;
+    return 0;
+}
+
+void pyvmm_signals_restore(void)
+{
+    size_t i;
+
+    if (!signals_installed)
+        return;
+    for (i = 0; i < N_STOP_SIGNALS; i++)
+        sigaction(stop_signals[i], &saved_actions[i], NULL);
+    signals_installed = 0;
+    stop_run = NULL;
+    stop_fd = -1;
+}
+
+int pyvmm_stop_signal(void)
+{
+    return stop_signal;
+}

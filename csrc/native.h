@@ -59,4 +59,16 @@ int pyvmm_unmap(uint64_t addr, uint64_t size);
 #define PYVMM_PROT_WRITE 2
 #define PYVMM_PROT_EXEC 4
 
+
+/*
+ * Stop signals (SIGINT, SIGTERM, SIGHUP) are caught in C, not by Python:
+ * the handler records the signal, sets immediate_exit in the registered
+ * kvm_run (so a KVM_RUN entered just after the signal returns at once
+ * instead of running the guest until its next exit) and signals stop_fd,
+ * an eventfd the poll hypercall waits on.  No race window, no Python
+ * exception raised at an arbitrary point.
+ */
+int pyvmm_signals_install(int stop_fd, void *kvm_run);
+void pyvmm_signals_restore(void);
+int pyvmm_stop_signal(void);
 #endif

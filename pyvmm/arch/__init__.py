@@ -1,0 +1,1 @@
+"""Architecture-specific boot state; everything else in pyvmm is portable."""

@@ -1,0 +1,236 @@
+"""x86_64 boot state of the hvt ABI: GDT, identity page tables, long mode.
+
+Layout (solo5-hvt compatible, see docs/abi.md): GDT at 0x1000, PML4 at
+0x2000, PDPT at 0x3000, four page directories of 2 MiB pages at
+0x4000-0x7fff identity-mapping 4 GiB, and a page table at 0x8000 for the
+first 2 MiB whose pages below 0x10000 are absent (NULL dereferences fault)
+and 0x10000-0xfffff read-only (boot info, manifest and command line).
+
+Beyond solo5-hvt, the guest's own page tables carry the ELF segment
+permissions: every 2 MiB region holding part of a loaded segment gets a
+4 KiB page table (placed from 0x20000 up, in the read-only low area) with
+read-only text/rodata and no-execute data, and EFER.NXE is on. Measured
+under kvm_pvm, the host mapping's PROT_EXEC is not enforced for guest
+fetches, so this is what stops a guest executing its data; a write to text
+or a fetch from data then ends in a triple fault whose CR2 and RIP say what
+happened.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from pyvmm.errors import LoaderError
+from pyvmm.memory import GuestMemory, Protection
+
+PAGE = 0x1000
+LARGE_PAGE = 0x200000
+
+GDT_BASE = 0x1000
+PML4_BASE = 0x2000
+PDPT_BASE = 0x3000
+PD_BASE = 0x4000
+PD_COUNT = 4
+PT_BASE = 0x8000
+EXTRA_PT_BASE = 0x20000
+EXTRA_PT_END = 0x100000
+LOW_ABSENT_END = 0x10000
+LOW_READONLY_END = 0x100000
+
+# Page-table entry bits.
+PTE_P = 1 << 0
+PTE_RW = 1 << 1
+PTE_US = 1 << 2
+PTE_PS = 1 << 7
+PTE_NX = 1 << 63
+
+CR0_PE = 1 << 0
+CR0_NE = 1 << 5
+CR0_WP = 1 << 16
+CR0_PG = 1 << 31
+CR4_PAE = 1 << 5
+CR4_OSFXSR = 1 << 9
+CR4_OSXMMEXCPT = 1 << 10
+EFER_LME = 1 << 8
+EFER_LMA = 1 << 10
+EFER_NXE = 1 << 11
+RFLAGS_RESERVED = 1 << 1
+
+SEG_TYPE_CODE_XA = 9  # execute-only, accessed
+SEG_TYPE_DATA_RWA = 3  # read/write, accessed
+SEG_TYPE_TSS64_BUSY = 11
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One flat segment, as both a GDT descriptor and a kvm_segment."""
+
+    selector: int
+    type: int
+    dpl: int = 0
+    long: bool = False
+    db: bool = False
+    s: bool = True
+    granularity: bool = True
+    limit: int = 0xFFFFF
+
+    def descriptor(self) -> int:
+        return (
+            (self.limit & 0xFFFF)
+            | (self.type << 40)
+            | (int(self.s) << 44)
+            | (self.dpl << 45)
+            | (1 << 47)
+            | (((self.limit >> 16) & 0xF) << 48)
+            | (int(self.long) << 53)
+            | (int(self.db) << 54)
+            | (int(self.granularity) << 55)
+        )
+
+    def load(self, kvm_seg) -> None:
+        kvm_seg.base = 0
+        kvm_seg.limit = (self.limit << 12) | 0xFFF if self.granularity else self.limit
+        kvm_seg.selector = self.selector
+        kvm_seg.type = self.type
+        kvm_seg.present = 1
+        kvm_seg.dpl = self.dpl
+        kvm_seg.db = int(self.db)
+        kvm_seg.s = int(self.s)
+        kvm_seg.l = int(self.long)
+        kvm_seg.g = int(self.granularity)
+        kvm_seg.avl = 0
+        kvm_seg.unusable = 0
+
+
+KERNEL_CODE = Segment(selector=0x08, type=SEG_TYPE_CODE_XA, long=True)
+KERNEL_DATA = Segment(selector=0x10, type=SEG_TYPE_DATA_RWA, db=True)
+
+
+def gdt_bytes(segments: tuple[Segment, ...]) -> bytes:
+    """The GDT: a null descriptor then one descriptor per selector slot."""
+    table = [0] * (max(s.selector for s in segments) // 8 + 1)
+    for seg in segments:
+        table[seg.selector // 8] = seg.descriptor()
+    return struct.pack(f"<{len(table)}Q", *table)
+
+
+def _pte(addr: int, prot: Protection, us: int) -> int:
+    entry = addr | PTE_P | us
+    if prot.write:
+        entry |= PTE_RW
+    if not prot.execute:
+        entry |= PTE_NX
+    return entry
+
+
+def page_tables(regions: list[tuple[int, int, Protection]], user: bool = False) -> dict[int, bytes]:
+    """Identity map of 4 GiB: {guest address: table bytes}.
+
+    ``regions`` are page-aligned [start, end) ranges with their protection
+    (the loaded ELF segments); memory outside them is read/write, no-exec.
+    """
+    us = PTE_US if user else 0
+    default = Protection(read=True, write=True, execute=False)
+    pml4 = [0] * 512
+    pml4[0] = PDPT_BASE | PTE_P | PTE_RW | us
+    pdpt = [0] * 512
+    for i in range(PD_COUNT):
+        pdpt[i] = (PD_BASE + i * 0x1000) | PTE_P | PTE_RW | us
+    pds = [
+        _pte(addr, default, us) | PTE_PS
+        for addr in range(0, PD_COUNT * 512 * LARGE_PAGE, LARGE_PAGE)
+    ]
+
+    # 4 KiB page tables for the first 2 MiB and every region with segments.
+    small: dict[int, list[int]] = {}
+    low = []
+    for addr in range(0, LARGE_PAGE, PAGE):
+        if addr < LOW_ABSENT_END:
+            low.append(0)
+        elif addr < LOW_READONLY_END:
+            low.append(_pte(addr, Protection(read=True, write=False), us))
+        else:
+            low.append(_pte(addr, default, us))
+    small[0] = low
+    for start, end, prot in regions:
+        for addr in range(start, end, PAGE):
+            base = addr - addr % LARGE_PAGE
+            table = small.setdefault(
+                base, [_pte(a, default, us) for a in range(base, base + LARGE_PAGE, PAGE)]
+            )
+            table[(addr - base) // PAGE] = _pte(addr, prot, us)
+
+    tables = {}
+    next_pt = EXTRA_PT_BASE
+    for base, entries in sorted(small.items()):
+        if base == 0:
+            gpa = PT_BASE
+        else:
+            gpa, next_pt = next_pt, next_pt + PAGE
+            if gpa >= EXTRA_PT_END:
+                raise LoaderError("kernel image too large for pyvmm's page tables")
+        pds[base // LARGE_PAGE] = gpa | PTE_P | PTE_RW | us
+        tables[gpa] = struct.pack("<512Q", *entries)
+    tables[PML4_BASE] = struct.pack("<512Q", *pml4)
+    tables[PDPT_BASE] = struct.pack("<512Q", *pdpt)
+    tables[PD_BASE] = struct.pack(f"<{len(pds)}Q", *pds)
+    return tables
+
+
+def setup_memory(memory: GuestMemory, regions: list[tuple[int, int, Protection]]) -> None:
+    """Write the GDT and page tables into guest memory."""
+    memory.write(GDT_BASE, gdt_bytes((KERNEL_CODE, KERNEL_DATA)))
+    for gpa, table in page_tables(regions).items():
+        memory.write(gpa, table)
+
+
+def setup_vcpu(vcpu, system, *, entry: int, stack: int, boot_info: int) -> None:
+    """Long mode at CPL 0, CPUID from KVM, registers as the hvt ABI says."""
+    vcpu.set_cpuid(system.supported_cpuid())
+    sregs = vcpu.get_sregs()
+    KERNEL_CODE.load(sregs.cs)
+    for seg in (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss):
+        KERNEL_DATA.load(seg)
+    sregs.tr.base = 0
+    sregs.tr.limit = 0
+    sregs.tr.selector = 0
+    sregs.tr.type = SEG_TYPE_TSS64_BUSY
+    sregs.tr.present = 1
+    sregs.tr.s = 0
+    sregs.tr.dpl = 0
+    sregs.tr.unusable = 0
+    sregs.ldt.unusable = 1
+    sregs.ldt.present = 0
+    sregs.gdt.base = GDT_BASE
+    sregs.gdt.limit = 3 * 8 - 1
+    sregs.idt.base = 0
+    sregs.idt.limit = 0
+    sregs.cr0 = CR0_PE | CR0_NE | CR0_WP | CR0_PG
+    sregs.cr3 = PML4_BASE
+    sregs.cr4 = CR4_PAE | CR4_OSFXSR | CR4_OSXMMEXCPT
+    sregs.efer = EFER_LME | EFER_LMA | EFER_NXE
+    vcpu.set_sregs(sregs)
+    regs = vcpu.get_regs()
+    for name in (
+        "rax",
+        "rbx",
+        "rcx",
+        "rdx",
+        "rsi",
+        "rbp",
+        "r8",
+        "r9",
+        "r10",
+        "r11",
+        "r12",
+        "r13",
+        "r14",
+        "r15",
+    ):
+        setattr(regs, name, 0)
+    regs.rflags = RFLAGS_RESERVED
+    regs.rip = entry
+    regs.rsp = stack
+    regs.rdi = boot_info
+    vcpu.set_regs(regs)

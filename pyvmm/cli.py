@@ -1,0 +1,137 @@
+"""The ``pyvmm`` command: solo5-hvt's command line, accepted as is.
+
+    pyvmm [OPTIONS] [--] KERNEL [ARGS...]
+
+Tender options all come before the unikernel path; the first argument that
+is not an option (or the one after ``--``) is the unikernel and every
+argument after it belongs to the guest, even one starting with ``--``.
+Every error ends in one line on stderr and a non-zero exit, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from pyvmm import __version__
+from pyvmm.config import DEFAULT_MEM_MIB, VmConfig
+from pyvmm.errors import PyvmmError, UsageError
+
+USAGE = f"""\
+usage: pyvmm [OPTIONS] [--] KERNEL [ARGS...]
+
+Run a Solo5 hvt unikernel on KVM. Options (solo5-hvt compatible):
+  --mem=N                       guest memory in MiB (default {DEFAULT_MEM_MIB})
+  --net:NAME=IFACE              attach net device NAME to tap IFACE (or @FD:
+                                an already open tap file descriptor)
+  --net=IFACE                   the same, when the manifest has one net device
+  --net-mac:NAME=HWADDR         guest MAC address of net device NAME
+  --block:NAME=PATH             attach block device NAME to file PATH
+  --block-sector-size:NAME=N    sector size of block device NAME (default 512)
+  --help                        show this help
+  --version                     show version and what this host's KVM provides
+Everything after KERNEL is the guest's command line.
+"""
+
+_NAMED = re.compile(r"^--(net|net-mac|block|block-sector-size):([^=]*)=(.*)$")
+_NAME_OK = re.compile(r"^[A-Za-z0-9]{1,67}$")
+
+
+def _positive_int(option: str, text: str) -> int:
+    if not re.fullmatch(r"[0-9]+", text) or int(text) <= 0:
+        raise UsageError(f"{option}: '{text}' is not a positive integer")
+    return int(text)
+
+
+def parse_args(argv: list[str]) -> VmConfig | str:
+    """A VmConfig, or "help" / "version" for those requests."""
+    config = VmConfig(kernel="")
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            i += 1
+            break
+        if not arg.startswith("-") or arg == "-":
+            break
+        if arg in ("--help", "-h"):
+            return "help"
+        if arg == "--version":
+            return "version"
+        if arg.startswith("--mem="):
+            config.mem_mib = _positive_int("--mem", arg[len("--mem=") :])
+        elif arg.startswith("--net="):
+            iface = arg[len("--net=") :]
+            if not iface:
+                raise UsageError("--net=: missing interface name")
+            config.default_net = iface
+        elif match := _NAMED.match(arg):
+            kind, name, value = match.groups()
+            if not _NAME_OK.match(name):
+                raise UsageError(f"{arg}: invalid device name '{name}' (1-67 of [A-Za-z0-9])")
+            if not value:
+                raise UsageError(f"{arg}: missing value after '='")
+            table = {
+                "net": config.nets,
+                "net-mac": config.net_macs,
+                "block": config.blocks,
+                "block-sector-size": config.block_sector_sizes,
+            }[kind]
+            if name in table:
+                raise UsageError(f"--{kind}:{name} given twice")
+            if kind == "block-sector-size":
+                table[name] = _positive_int(f"--{kind}:{name}", value)
+            else:
+                table[name] = value
+        else:
+            raise UsageError(f"unknown option '{arg}' (see pyvmm --help)")
+        i += 1
+    if i >= len(argv):
+        raise UsageError("missing KERNEL (see pyvmm --help)")
+    config.kernel = argv[i]
+    config.guest_args = argv[i + 1 :]
+    return config
+
+
+def version_text() -> str:
+    lines = [f"pyvmm {__version__} (Solo5 hvt ABI 2)"]
+    try:
+        from pyvmm.kvm import System
+
+        with System() as kvm:
+            info = kvm.host_info()
+        lines.append(
+            f"host: {info.machine}, KVM {info.flavour}; ioeventfd "
+            f"{'yes' if info.ioeventfd else 'no'}, stats fd {'yes' if info.stats_fd else 'no'}, "
+            f"read-only memslots {'yes' if info.readonly_mem else 'no'}"
+        )
+    except PyvmmError as err:
+        lines.append(f"host: {err}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        parsed = parse_args(argv)
+        if parsed == "help":
+            sys.stdout.write(USAGE)
+            return 0
+        if parsed == "version":
+            print(version_text())
+            return 0
+        from pyvmm.vmm import run
+
+        return run(parsed)
+    except PyvmmError as err:
+        sys.stdout.flush()
+        print(f"pyvmm: {err}", file=sys.stderr)
+        return err.exit_status
+    except KeyboardInterrupt:
+        print("pyvmm: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

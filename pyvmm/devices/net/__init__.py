@@ -1,0 +1,1 @@
+"""Network devices: the tap backend on the host side of every guest NIC."""

@@ -1,0 +1,60 @@
+"""Low memory at entry: boot info, the guest's manifest copy, the command line.
+
+All three live in the read-only low area (0x10000-0xfffff) that the guest's
+page tables map without write access; offsets come from the ABI header.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyvmm._native import ffi, lib
+from pyvmm.errors import UsageError
+from pyvmm.memory import GuestMemory
+
+BOOT_INFO_GPA = lib.HVT_BOOT_INFO_BASE
+CMDLINE_SIZE = lib.HVT_CMDLINE_SIZE
+
+
+def _align8(value: int) -> int:
+    return (value + 7) & ~7
+
+
+def join_cmdline(args: list[str]) -> bytes:
+    """The guest arguments as solo5-hvt passes them: joined by single spaces."""
+    cmdline = " ".join(args).encode()
+    if len(cmdline) >= CMDLINE_SIZE:
+        raise UsageError(
+            f"guest command line is {len(cmdline)} bytes, at most {CMDLINE_SIZE - 1} are allowed"
+        )
+    if b"\0" in cmdline:
+        raise UsageError("guest command line contains a NUL byte")
+    return cmdline
+
+
+@dataclass(frozen=True)
+class BootInfo:
+    mem_size: int
+    kernel_end: int
+    cpu_cycle_freq: int
+    manifest: bytes
+    cmdline: bytes
+    host_features: int = 0
+    net_ring: int = 0
+
+    def write(self, memory: GuestMemory) -> int:
+        """Place everything in guest memory; returns the boot info GPA."""
+        mft_gpa = _align8(BOOT_INFO_GPA + ffi.sizeof("struct hvt_boot_info"))
+        cmdline_gpa = _align8(mft_gpa + len(self.manifest))
+        memory.write(mft_gpa, self.manifest)
+        memory.write(cmdline_gpa, self.cmdline + b"\0")
+        info = memory.struct("struct hvt_boot_info", BOOT_INFO_GPA)
+        info.mem_size = self.mem_size
+        info.kernel_end = self.kernel_end
+        info.cpu_cycle_freq = self.cpu_cycle_freq
+        info.cmdline = cmdline_gpa
+        info.mft = mft_gpa
+        info.host_features = self.host_features
+        info.guest_features = 0
+        info.net_ring = self.net_ring
+        return BOOT_INFO_GPA

@@ -1,0 +1,139 @@
+"""The eight hvt hypercalls. Every guest address goes through GuestMemory.
+
+A handler gets the GPA of its argument struct (the value of the guest's
+``outl``) and either fills in the results or raises ``Halt`` (the guest is
+done) or ``GuestFault`` (the guest passed something that ends its run).
+Results for bad requests the guest can recover from (wrong handle, partial
+block) go back in ``ret`` as EINVAL, as solo5-hvt does.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from pyvmm._native import ffi, lib
+from pyvmm.devices.block import BlockDevice
+from pyvmm.devices.console import Console
+from pyvmm.devices.net.device import NetDevice
+from pyvmm.errors import GuestFault
+from pyvmm.memory import GuestMemory
+
+OK = lib.HVT_RET_OK
+AGAIN = lib.HVT_RET_AGAIN
+EINVAL = lib.HVT_RET_EINVAL
+EUNSPEC = lib.HVT_RET_EUNSPEC
+
+
+class Halt(Exception):
+    """The guest called halt; ``status`` becomes pyvmm's exit status."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+class Hypercalls:
+    def __init__(
+        self,
+        memory: GuestMemory,
+        console: Console,
+        devices: dict[int, NetDevice | BlockDevice],
+        stop_fd: int,
+    ) -> None:
+        self.memory = memory
+        self.console = console
+        self.devices = devices
+        self.nets = {h: d for h, d in devices.items() if isinstance(d, NetDevice)}
+        self.stop_fd = stop_fd
+        # Poll set: the stop eventfd first, then every net device by handle.
+        self._poll_handles = list(self.nets)
+        fds = [stop_fd] + [self.nets[h].fileno() for h in self._poll_handles]
+        self._poll_fds = ffi.new("int[]", fds)
+        self._poll_nfds = len(fds)
+        self.table: dict[int, Callable[[int], None]] = {
+            lib.HVT_HYPERCALL_WALLTIME: self.walltime,
+            lib.HVT_HYPERCALL_PUTS: self.puts,
+            lib.HVT_HYPERCALL_POLL: self.poll,
+            lib.HVT_HYPERCALL_BLOCK_WRITE: self.block_write,
+            lib.HVT_HYPERCALL_BLOCK_READ: self.block_read,
+            lib.HVT_HYPERCALL_NET_WRITE: self.net_write,
+            lib.HVT_HYPERCALL_NET_READ: self.net_read,
+            lib.HVT_HYPERCALL_HALT: self.halt,
+        }
+
+    def walltime(self, gpa: int) -> None:
+        arg = self.memory.struct("struct hvt_hc_walltime", gpa, what="walltime hypercall")
+        arg.nsecs = time.time_ns()
+
+    def puts(self, gpa: int) -> None:
+        arg = self.memory.struct("struct hvt_hc_puts", gpa, what="puts hypercall")
+        self.console.write(self.memory.buffer(arg.data, arg.len, what="puts hypercall"))
+
+    def poll(self, gpa: int) -> None:
+        arg = self.memory.struct("struct hvt_hc_poll", gpa, what="poll hypercall")
+        timeout = min(arg.timeout_nsecs, (1 << 63) - 1)
+        mask = lib.pyvmm_wait_readable(self._poll_fds, self._poll_nfds, timeout)
+        if mask < 0 and mask != -4:  # -EINTR: a stop signal, seen by the run loop
+            raise GuestFault(f"poll hypercall: wait failed: {os.strerror(-mask)}")
+        ready = 0
+        for bit, handle in enumerate(self._poll_handles, start=1):
+            if mask > 0 and mask & (1 << bit):
+                ready |= 1 << handle
+        arg.ready_set = ready
+        arg.ret = OK
+
+    def _block(self, gpa: int, ctype: str, what: str, is_read: bool) -> None:
+        arg = self.memory.struct(ctype, gpa, what=what)
+        device = self.devices.get(arg.handle)
+        if not isinstance(device, BlockDevice) or not device.valid(arg.offset, arg.len):
+            arg.ret = EINVAL
+            return
+        buf = self.memory.buffer(arg.data, arg.len, write=is_read, what=what)
+        try:
+            if is_read:
+                device.read_into(arg.offset, buf)
+            else:
+                device.write_from(arg.offset, buf)
+        except OSError:
+            arg.ret = EUNSPEC
+            return
+        arg.ret = OK
+
+    def block_write(self, gpa: int) -> None:
+        self._block(gpa, "struct hvt_hc_block_write", "block_write hypercall", False)
+
+    def block_read(self, gpa: int) -> None:
+        self._block(gpa, "struct hvt_hc_block_read", "block_read hypercall", True)
+
+    def net_write(self, gpa: int) -> None:
+        arg = self.memory.struct("struct hvt_hc_net_write", gpa, what="net_write hypercall")
+        device = self.nets.get(arg.handle)
+        if device is None or arg.len > device.max_frame:
+            arg.ret = EINVAL
+            return
+        device.write(self.memory.buffer(arg.data, arg.len, what="net_write hypercall"))
+        arg.ret = OK
+
+    def net_read(self, gpa: int) -> None:
+        arg = self.memory.struct("struct hvt_hc_net_read", gpa, what="net_read hypercall")
+        device = self.nets.get(arg.handle)
+        if device is None:
+            arg.ret = EINVAL
+            return
+        buf = self.memory.buffer(arg.data, arg.len, write=True, what="net_read hypercall")
+        length = device.read_into(buf)
+        if length is None:
+            arg.ret = AGAIN
+            return
+        arg.len = length
+        arg.ret = OK
+
+    def halt(self, gpa: int) -> None:
+        arg = self.memory.struct("struct hvt_hc_halt", gpa, what="halt hypercall")
+        if arg.cookie:
+            # The abort cookie (Solo5 passes it for core dumps): only checked,
+            # so a bad one is reported rather than read out of bounds later.
+            self.memory.check(arg.cookie, lib.HVT_HALT_COOKIE_MAX, what="halt cookie")
+        raise Halt(arg.exit_status)

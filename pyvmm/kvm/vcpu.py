@@ -1,0 +1,73 @@
+"""A vCPU file descriptor and its mapped kvm_run."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+
+from pyvmm._native import ffi, lib
+from pyvmm.kvm import exits
+from pyvmm.kvm.ioctl import KvmError, ioctl
+
+
+class Vcpu:
+    def __init__(self, fd: int, index: int, mmap_size: int) -> None:
+        self.fd = fd
+        self.index = index
+        self._run_map = mmap.mmap(fd, mmap_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self._run = ffi.from_buffer(self._run_map)
+        self.run_area = self._run
+        self._exit = ffi.new("struct pyvmm_exit *")
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            ffi.release(self._run)
+            self._run = self.run_area = None
+            self._run_map.close()
+            os.close(self.fd)
+            self.fd = -1
+
+    def run(self) -> exits.VcpuExit:
+        """Enter the guest until its next exit; the GIL is released meanwhile."""
+        ret = lib.pyvmm_vcpu_run(self.fd, self._run, self._exit)
+        if ret == -errno.EINTR:
+            return exits.Interrupted()
+        if ret == -errno.EFAULT:
+            gpa = self._exit.fault_gpa if self._exit.reason == lib.PYVMM_EXIT_MEMORY_FAULT else None
+            return exits.MemoryFault(gpa, self._exit.fault_flags)
+        if ret < 0:
+            raise KvmError("KVM_RUN", -ret)
+        return exits.decode(self._exit)
+
+    # -- x86_64 register state ---------------------------------------------
+    def get_regs(self):
+        regs = ffi.new("struct kvm_regs *")
+        ioctl(self.fd, lib.KVM_GET_REGS, regs, call="KVM_GET_REGS")
+        return regs
+
+    def set_regs(self, regs) -> None:
+        ioctl(self.fd, lib.KVM_SET_REGS, regs, call="KVM_SET_REGS")
+
+    def get_sregs(self):
+        sregs = ffi.new("struct kvm_sregs *")
+        ioctl(self.fd, lib.KVM_GET_SREGS, sregs, call="KVM_GET_SREGS")
+        return sregs
+
+    def set_sregs(self, sregs) -> None:
+        ioctl(self.fd, lib.KVM_SET_SREGS, sregs, call="KVM_SET_SREGS")
+
+    def set_cpuid(self, cpuid) -> None:
+        ioctl(self.fd, lib.KVM_SET_CPUID2, cpuid, call="KVM_SET_CPUID2")
+
+    def tsc_khz(self) -> int:
+        return ioctl(self.fd, lib.KVM_GET_TSC_KHZ, call="KVM_GET_TSC_KHZ")
+
+    def describe(self) -> str:
+        """Where the guest is, for fault messages (best effort)."""
+        try:
+            regs = self.get_regs()
+            sregs = self.get_sregs()
+        except KvmError:
+            return "registers unavailable"
+        return f"rip={regs.rip:#x} rsp={regs.rsp:#x} cr2={sregs.cr2:#x}"

@@ -1,0 +1,80 @@
+"""A VM file descriptor: memory slots, vCPUs, ioeventfds."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from pyvmm._native import ffi, lib
+from pyvmm.kvm.ioctl import ioctl
+from pyvmm.kvm.vcpu import Vcpu
+
+if TYPE_CHECKING:
+    from pyvmm.kvm.system import System
+
+
+class Vm:
+    """One VM; closing it closes every vCPU it created."""
+
+    def __init__(self, fd: int, system: System) -> None:
+        self.fd = fd
+        self.system = system
+        self.vcpus: list[Vcpu] = []
+
+    def close(self) -> None:
+        for vcpu in self.vcpus:
+            vcpu.close()
+        self.vcpus.clear()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> Vm:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def set_memory(
+        self, slot: int, gpa: int, size: int, host_addr: int, *, readonly: bool = False
+    ) -> None:
+        region = ffi.new(
+            "struct kvm_userspace_memory_region *",
+            {
+                "slot": slot,
+                "flags": lib.KVM_MEM_READONLY if readonly else 0,
+                "guest_phys_addr": gpa,
+                "memory_size": size,
+                "userspace_addr": host_addr,
+            },
+        )
+        ioctl(self.fd, lib.KVM_SET_USER_MEMORY_REGION, region, call="KVM_SET_USER_MEMORY_REGION")
+
+    def add_ioeventfd(
+        self, eventfd: int, addr: int, length: int, *, pio: bool, datamatch: int | None = None
+    ) -> None:
+        """Let a guest port/MMIO write signal ``eventfd`` without exiting to us."""
+        flags = lib.KVM_IOEVENTFD_FLAG_PIO if pio else 0
+        if datamatch is not None:
+            flags |= lib.KVM_IOEVENTFD_FLAG_DATAMATCH
+        req = ffi.new(
+            "struct kvm_ioeventfd *",
+            {
+                "datamatch": datamatch or 0,
+                "addr": addr,
+                "len": length,
+                "fd": eventfd,
+                "flags": flags,
+            },
+        )
+        ioctl(self.fd, lib.KVM_IOEVENTFD, req, call="KVM_IOEVENTFD")
+
+    def create_vcpu(self, index: int = 0) -> Vcpu:
+        fd = ioctl(self.fd, lib.KVM_CREATE_VCPU, index, call="KVM_CREATE_VCPU")
+        try:
+            vcpu = Vcpu(fd, index, self.system.vcpu_mmap_size)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.vcpus.append(vcpu)
+        return vcpu

@@ -1,0 +1,63 @@
+"""The unikernel loader: from a Solo5 hvt ``.hvt`` file to guest memory.
+
+``load_kernel`` validates everything the file alone can tell (ELF structure,
+architecture, ABI note, manifest); ``Kernel.check_fits`` and ``place`` need
+the guest memory size. Every problem is a one-line ``LoaderError``.
+"""
+
+from pyvmm.loader.elf import ElfImage, Note, Segment, parse_elf
+from pyvmm.loader.kernel import (
+    GUEST_MEMORY_LIMIT,
+    MIN_LOAD_ADDRESS,
+    Kernel,
+    ProtectedRange,
+    load_kernel,
+    page_protections,
+    place,
+)
+from pyvmm.loader.manifest import (
+    Attachment,
+    BlockAttachment,
+    DeviceType,
+    Manifest,
+    ManifestEntry,
+    NetAttachment,
+    read_manifest,
+)
+from pyvmm.loader.notes import (
+    SOLO5_ABI,
+    SOLO5_MANIFEST,
+    AbiInfo,
+    NoteKind,
+    find_note,
+    note_descriptor,
+    read_abi,
+)
+
+__all__ = [
+    "GUEST_MEMORY_LIMIT",
+    "MIN_LOAD_ADDRESS",
+    "SOLO5_ABI",
+    "SOLO5_MANIFEST",
+    "AbiInfo",
+    "Attachment",
+    "BlockAttachment",
+    "DeviceType",
+    "ElfImage",
+    "Kernel",
+    "Manifest",
+    "ManifestEntry",
+    "NetAttachment",
+    "Note",
+    "NoteKind",
+    "ProtectedRange",
+    "Segment",
+    "find_note",
+    "load_kernel",
+    "note_descriptor",
+    "page_protections",
+    "parse_elf",
+    "place",
+    "read_abi",
+    "read_manifest",
+]

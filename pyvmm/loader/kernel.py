@@ -1,0 +1,180 @@
+"""Loading a unikernel file and placing it in guest memory.
+
+``load_kernel`` does everything that needs only the file (parse, architecture,
+ABI, manifest); ``Kernel.check_fits`` and ``place`` do what needs the guest's
+memory size. The split lets the VMM report a bad file before it opens
+/dev/kvm or maps any memory.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+
+from pyvmm._native import lib
+from pyvmm.errors import LoaderError
+from pyvmm.loader.elf import ElfImage, Segment, parse_elf
+from pyvmm.loader.manifest import Manifest
+from pyvmm.loader.notes import AbiInfo, read_abi
+from pyvmm.memory import PAGE_SIZE, GuestMemory, Protection
+
+MIB = 1 << 20
+# Nothing loads below this: the page tables, boot info and command line live there.
+MIN_LOAD_ADDRESS = lib.HVT_GUEST_MIN_BASE
+# Guest RAM never reaches 4 GiB (x86_64 --mem cap; MMIO window on aarch64).
+GUEST_MEMORY_LIMIT = 4 << 30
+# --mem is rounded down to this, so "needs at least" is rounded up to it.
+MEM_GRANULE = 2 * MIB
+# A file this large cannot fit in guest memory; refuse before reading it all.
+MAX_FILE_SIZE = GUEST_MEMORY_LIMIT
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A unikernel that is known to be runnable here, given enough memory."""
+
+    path: str
+    image: ElfImage
+    abi: AbiInfo
+    manifest: Manifest
+    kernel_end: int
+
+    @property
+    def entry(self) -> int:
+        return self.image.entry
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        return self.image.segments
+
+    @property
+    def min_mem_size(self) -> int:
+        """The smallest guest memory (a 2 MiB multiple) that holds the kernel."""
+        needed = max(self.kernel_end, self.entry + 1)
+        return -(-needed // MEM_GRANULE) * MEM_GRANULE
+
+    def check_fits(self, mem_size: int) -> None:
+        """Raise LoaderError unless every segment and the entry fit in ``mem_size``.
+
+        An address that no memory size could satisfy (below 1 MiB, past
+        4 GiB) is a broken file; one that more memory would satisfy is a
+        --mem that is too small, and the message says how much is needed.
+        """
+        for seg in self.segments:
+            if seg.paddr < MIN_LOAD_ADDRESS:
+                raise LoaderError(
+                    f"{self.path}: segment {seg.index} loads at {seg.paddr:#x}, below "
+                    f"the guest load base {MIN_LOAD_ADDRESS:#x}"
+                )
+            if seg.end > GUEST_MEMORY_LIMIT:
+                raise LoaderError(
+                    f"{self.path}: segment {seg.index} ({seg.paddr:#x}-{seg.end:#x}) "
+                    f"ends beyond the 4 GiB guest memory limit"
+                )
+        if not MIN_LOAD_ADDRESS <= self.entry < GUEST_MEMORY_LIMIT:
+            raise LoaderError(
+                f"{self.path}: entry point {self.entry:#x} is outside "
+                f"[{MIN_LOAD_ADDRESS:#x}, 4 GiB)"
+            )
+        if self.kernel_end > mem_size or self.entry >= mem_size:
+            raise LoaderError(
+                f"{self.path} needs at least {self.min_mem_size // MIB} MiB of guest "
+                f"memory, --mem gives {mem_size // MIB} MiB"
+            )
+
+
+def load_kernel(path: str, host_machine: str) -> Kernel:
+    """Read and validate the unikernel at ``path`` for a ``host_machine`` host.
+
+    ``host_machine`` is ``platform.machine()`` spelling: "x86_64" or "aarch64".
+    """
+    data = _read_file(path)
+    image = parse_elf(data, path)
+    if image.machine != host_machine:
+        raise LoaderError(f"{path}: built for {image.machine}, this host runs {host_machine}")
+    abi = read_abi(image)
+    manifest = Manifest.from_image(image)
+    kernel_end = max(seg.end for seg in image.segments)
+    return Kernel(path=path, image=image, abi=abi, manifest=manifest, kernel_end=kernel_end)
+
+
+def _read_file(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            # A FIFO or a device would block or never end; only files can be kernels.
+            if not stat.S_ISREG(st.st_mode):
+                raise LoaderError(f"cannot open {path}: not a regular file")
+            if st.st_size > MAX_FILE_SIZE:
+                raise LoaderError(
+                    f"{path}: file is {st.st_size // MIB} MiB, too large for guest memory"
+                )
+            return f.read()
+    except OSError as e:
+        raise LoaderError(f"cannot open {path}: {e.strerror or e}") from None
+
+
+@dataclass(frozen=True)
+class ProtectedRange:
+    """A run of whole guest pages that get the same access rights."""
+
+    start: int
+    length: int
+    protection: Protection
+
+
+def page_protections(kernel: Kernel) -> tuple[ProtectedRange, ...]:
+    """Access rights per page, from the segments' p_flags.
+
+    A page shared by two segments gets the union of their flags, so neither
+    segment loses an access it asked for. Read is always granted: the host
+    must be able to read any page a hypercall argument points into, and x86
+    cannot express write- or execute-only pages anyway.
+    """
+    cuts: set[int] = set()
+    spans: list[tuple[int, int, Segment]] = []
+    for seg in kernel.segments:
+        start = seg.paddr // PAGE_SIZE * PAGE_SIZE
+        end = -(-seg.end // PAGE_SIZE) * PAGE_SIZE
+        if end > start:
+            spans.append((start, end, seg))
+            cuts.update((start, end))
+    bounds = sorted(cuts)
+    runs: list[ProtectedRange] = []
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        covering = [seg for start, end, seg in spans if start < hi and lo < end]
+        if not covering:
+            continue
+        prot = Protection(
+            read=True,
+            write=any(seg.writable for seg in covering),
+            execute=any(seg.executable for seg in covering),
+        )
+        last = runs[-1] if runs else None
+        if last and last.protection == prot and last.start + last.length == lo:
+            runs[-1] = ProtectedRange(last.start, last.length + hi - lo, prot)
+        else:
+            runs.append(ProtectedRange(lo, hi - lo, prot))
+    return tuple(runs)
+
+
+_ZERO_CHUNK = memoryview(bytes(MIB))
+
+
+def place(kernel: Kernel, memory: GuestMemory) -> None:
+    """Copy the segments into guest memory, zero-fill, then apply protections.
+
+    Protections come last because the host writes through the same mapping
+    that becomes read-only.
+    """
+    kernel.check_fits(memory.size)
+    for seg in kernel.segments:
+        memory.write(seg.paddr, seg.data, what="kernel load")
+        at, end = seg.paddr + seg.filesz, seg.end
+        while at < end:
+            n = min(end - at, len(_ZERO_CHUNK))
+            memory.write(at, _ZERO_CHUNK[:n], what="kernel load")
+            at += n
+    for run in page_protections(kernel):
+        memory.protect(run.start, run.length, run.protection)

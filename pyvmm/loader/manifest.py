@@ -1,0 +1,234 @@
+"""The Solo5 application manifest: which devices a unikernel expects.
+
+The manifest comes from the MFT1 note, i.e. from an untrusted file, so it is
+validated completely before anything is believed. Its binary layout is taken
+from the cffi module (``struct mft`` / ``struct mft_entry`` in hvt_abi.h), the
+same declaration the guests are compiled against, so host and guest cannot
+disagree about an offset.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from pyvmm._native import ffi, lib
+from pyvmm.errors import LoaderError, UsageError
+from pyvmm.loader.elf import ElfImage
+from pyvmm.loader.notes import SOLO5_MANIFEST, note_descriptor
+
+MFT_HEADER_SIZE = ffi.sizeof("struct mft")
+MFT_ENTRY_SIZE = ffi.sizeof("struct mft_entry")
+MFT_NAME_SIZE = lib.MFT_NAME_SIZE
+
+_VALID_NAME = re.compile(rb"[A-Za-z0-9]+")
+
+
+class DeviceType(IntEnum):
+    """Manifest entry types (``enum mft_type``)."""
+
+    BLOCK = lib.MFT_DEV_BLOCK_BASIC
+    NET = lib.MFT_DEV_NET_BASIC
+    RESERVED_FIRST = lib.MFT_RESERVED_FIRST
+
+    @property
+    def label(self) -> str:
+        return {
+            DeviceType.BLOCK: "block",
+            DeviceType.NET: "net",
+            DeviceType.RESERVED_FIRST: "reserved-first",
+        }[self]
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One declared device; ``index`` is also its hypercall handle."""
+
+    index: int
+    name: str
+    type: DeviceType
+
+
+@dataclass(frozen=True)
+class NetAttachment:
+    """What the guest learns about an attached network device."""
+
+    mac: bytes
+    mtu: int
+
+    def __post_init__(self) -> None:
+        if len(self.mac) != 6:
+            raise ValueError(f"a MAC address is 6 bytes, not {len(self.mac)}")
+        if not 0 < self.mtu <= 0xFFFF:
+            raise ValueError(f"MTU {self.mtu} does not fit the manifest's u16")
+
+
+@dataclass(frozen=True)
+class BlockAttachment:
+    """What the guest learns about an attached block device."""
+
+    capacity: int
+    block_size: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.capacity < 1 << 64:
+            raise ValueError(f"capacity {self.capacity} does not fit the manifest's u64")
+        if not 0 < self.block_size <= 0xFFFF:
+            raise ValueError(f"block size {self.block_size} does not fit the manifest's u16")
+
+
+Attachment = NetAttachment | BlockAttachment
+
+
+def _shown(name: bytes) -> str:
+    """An untrusted name, printable on one line whatever bytes it holds."""
+    return "".join(chr(b) if 0x20 <= b < 0x7F and b != 0x5C else f"\\x{b:02x}" for b in name)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The validated device list; ``entries[0]`` is the reserved first entry."""
+
+    entries: tuple[ManifestEntry, ...]
+    source: str = field(default="the unikernel", compare=False)
+
+    # -- parsing ----------------------------------------------------------
+    @classmethod
+    def from_image(cls, image: ElfImage) -> Manifest:
+        """The manifest of ``image``; a Solo5 unikernel must have one."""
+        desc = note_descriptor(image, SOLO5_MANIFEST)
+        if desc is None:
+            raise LoaderError(f"{image.source}: no Solo5 manifest note")
+        return cls.parse(desc, image.source)
+
+    @classmethod
+    def parse(cls, desc: bytes, source: str) -> Manifest:
+        """Validate the aligned MFT1 descriptor ``desc`` (a ``struct mft``)."""
+
+        def invalid(problem: str) -> LoaderError:
+            return LoaderError(f"{source}: invalid manifest: {problem}")
+
+        if len(desc) < MFT_HEADER_SIZE:
+            raise invalid(f"{len(desc)} bytes, too short for the header")
+        mft = ffi.from_buffer("struct mft *", desc)
+        if mft.version != lib.MFT_VERSION:
+            raise invalid(f"version {mft.version}, need {lib.MFT_VERSION}")
+        count = mft.entries
+        if not 1 <= count <= lib.MFT_MAX_ENTRIES:
+            raise invalid(f"{count} entries, need 1 to {lib.MFT_MAX_ENTRIES}")
+        expected = MFT_HEADER_SIZE + count * MFT_ENTRY_SIZE
+        if len(desc) != expected:
+            raise invalid(f"{len(desc)} bytes for {count} entries, need exactly {expected}")
+
+        entries: list[ManifestEntry] = []
+        seen: dict[str, int] = {}
+        for i in range(count):
+            e = mft.e[i]
+            raw = ffi.buffer(e.name)[:]
+            nul = raw.find(b"\0")
+            if nul < 0:
+                raise invalid(f"entry {i} name is not NUL-terminated")
+            name = raw[:nul]
+            if e.attached:
+                raise invalid(f"entry {i} is already marked attached")
+            if i == 0:
+                if e.type != DeviceType.RESERVED_FIRST or name:
+                    raise invalid("entry 0 is not the reserved first entry with an empty name")
+                entries.append(ManifestEntry(0, "", DeviceType.RESERVED_FIRST))
+                continue
+            if e.type == DeviceType.RESERVED_FIRST:
+                raise invalid(f"entry {i} has type reserved-first, allowed only at entry 0")
+            if e.type not in (DeviceType.BLOCK, DeviceType.NET):
+                raise invalid(f"entry {i} has unknown type {e.type:#x}")
+            if not name:
+                raise invalid(f"entry {i} has an empty name")
+            if not _VALID_NAME.fullmatch(name):
+                raise invalid(f"entry {i} name '{_shown(name)}' has invalid characters")
+            text = name.decode("ascii")
+            if text in seen:
+                raise invalid(f"entry {i} name '{text}' duplicates entry {seen[text]}")
+            seen[text] = i
+            entries.append(ManifestEntry(i, text, DeviceType(e.type)))
+        return cls(tuple(entries), source)
+
+    # -- queries ----------------------------------------------------------
+    def devices(self, type: DeviceType | None = None) -> tuple[ManifestEntry, ...]:
+        """Declared devices (never the reserved entry), optionally of one type."""
+        return tuple(
+            e
+            for e in self.entries
+            if e.type != DeviceType.RESERVED_FIRST and (type is None or e.type == type)
+        )
+
+    def by_name(self, name: str) -> ManifestEntry | None:
+        for e in self.devices():
+            if e.name == name:
+                return e
+        return None
+
+    @property
+    def size(self) -> int:
+        """Bytes of the guest's copy (``struct mft`` plus its entries)."""
+        return MFT_HEADER_SIZE + len(self.entries) * MFT_ENTRY_SIZE
+
+    # -- the guest's copy -------------------------------------------------
+    def check_attachments(self, attachments: Mapping[str, Attachment]) -> None:
+        """Every declared device attached, nothing undeclared, types matching.
+
+        solo5-hvt refuses to start otherwise, so a typo on the command line
+        never leaves a guest waiting for a device that will not come.
+        """
+        for name, att in attachments.items():
+            entry = self.by_name(name)
+            if entry is None:
+                raise UsageError(f"{self.source} does not declare a device named '{name}'")
+            given = "net" if isinstance(att, NetAttachment) else "block"
+            if given != entry.type.label:
+                raise UsageError(
+                    f"{self.source} declares '{name}' as a {entry.type.label} device, not {given}"
+                )
+        for entry in self.devices():
+            if entry.name not in attachments:
+                raise UsageError(
+                    f"{self.source} declares {entry.type.label} device '{entry.name}' "
+                    f"but it is not attached (--{entry.type.label}:{entry.name}=...)"
+                )
+
+    def guest_copy(self, attachments: Mapping[str, Attachment]) -> bytes:
+        """The filled-in ``struct mft`` the guest reads through boot info.
+
+        Built from scratch rather than patched from the file's bytes, so the
+        host-private ``b`` field and every unused byte are zero whatever the
+        file contained.
+        """
+        self.check_attachments(attachments)
+        buf = bytearray(self.size)
+        mft = ffi.from_buffer("struct mft *", buf, require_writable=True)
+        mft.version = lib.MFT_VERSION
+        mft.entries = len(self.entries)
+        for entry in self.entries:
+            e = mft.e[entry.index]
+            e.name = entry.name.encode("ascii")
+            e.type = int(entry.type)
+            if entry.type == DeviceType.RESERVED_FIRST:
+                # The reserved entry counts as attached, as in solo5-hvt, so
+                # "every entry is attached" holds for the whole copy.
+                e.attached = 1
+                continue
+            att = attachments[entry.name]
+            if isinstance(att, NetAttachment):
+                ffi.memmove(e.u.net_basic.mac, att.mac, len(att.mac))
+                e.u.net_basic.mtu = att.mtu
+            else:
+                e.u.block_basic.capacity = att.capacity
+                e.u.block_basic.block_size = att.block_size
+            e.b = 0
+            e.attached = 1
+        return bytes(buf)
+
+
+def read_manifest(image: ElfImage) -> Manifest:
+    """Shorthand for ``Manifest.from_image``."""
+    return Manifest.from_image(image)

@@ -1,0 +1,100 @@
+"""ELF notes that tell the loader what kind of unikernel it has.
+
+Each note pyvmm understands is described by a ``NoteKind`` (owner, type,
+descriptor alignment), so adding one is a constant plus a small parser next to
+``read_abi``. pyvmm's own future note (owner ``b"pyvmm"``, declaring guest
+capabilities) is meant to go here the same way; a guest that lacks it must
+keep booting exactly as under solo5-hvt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyvmm._native import ffi, lib
+from pyvmm.errors import LoaderError
+from pyvmm.loader.elf import ElfImage, Note
+
+SOLO5_OWNER = b"Solo5"
+
+# Names of the Solo5 ABI targets, for messages about a unikernel built for
+# another one.
+ABI_TARGETS = {1: "hvt", 2: "spt", 3: "virtio", 4: "muen", 5: "genode", 6: "xen"}
+
+
+@dataclass(frozen=True)
+class NoteKind:
+    """Which note to look for and how its descriptor is aligned.
+
+    ``desc_align`` is the alignment of the C struct the descriptor holds,
+    relative to the note header; it decides how much padding to skip.
+    """
+
+    owner: bytes
+    type: int
+    desc_align: int
+    what: str
+
+
+SOLO5_ABI = NoteKind(SOLO5_OWNER, lib.SOLO5_NOTE_ABI, 4, "Solo5 ABI note")
+SOLO5_MANIFEST = NoteKind(SOLO5_OWNER, lib.SOLO5_NOTE_MANIFEST, 8, "Solo5 manifest note")
+
+
+def find_note(image: ElfImage, name: bytes, type: int) -> Note | None:
+    """The first note with owner ``name`` and type ``type``, or None."""
+    for note in image.notes:
+        if note.name == name and note.type == type:
+            return note
+    return None
+
+
+def note_descriptor(image: ElfImage, kind: NoteKind) -> bytes | None:
+    """The aligned descriptor of the one note of ``kind``, or None if absent.
+
+    Two notes of the same kind would make the file ambiguous, so that is an
+    error rather than a silent choice.
+    """
+    found = [n for n in image.notes if n.name == kind.owner and n.type == kind.type]
+    if not found:
+        return None
+    if len(found) > 1:
+        raise LoaderError(f"{image.source}: more than one {kind.what}")
+    return found[0].aligned_desc(kind.desc_align)
+
+
+@dataclass(frozen=True)
+class AbiInfo:
+    """The Solo5 ABI a unikernel was built for (target 1 = hvt)."""
+
+    target: int
+    version: int
+
+    @property
+    def target_name(self) -> str:
+        return ABI_TARGETS.get(self.target, "unknown")
+
+
+# The ABI note descriptor: u32 abi_target, abi_version, reserved0, reserved1.
+_ABI_DESC_WORDS = 4
+
+
+def read_abi(image: ElfImage) -> AbiInfo:
+    """The ABI note, required to say hvt version 2: anything else cannot run."""
+    desc = note_descriptor(image, SOLO5_ABI)
+    if desc is None:
+        raise LoaderError(f"{image.source}: no Solo5 ABI note: not a Solo5 unikernel")
+    need = _ABI_DESC_WORDS * ffi.sizeof("uint32_t")
+    if len(desc) != need:
+        raise LoaderError(
+            f"{image.source}: malformed Solo5 ABI note ({len(desc)} bytes, need {need})"
+        )
+    words = ffi.from_buffer("uint32_t[]", desc)
+    abi = AbiInfo(target=words[0], version=words[1])
+    if abi.target != lib.HVT_ABI_TARGET:
+        raise LoaderError(f"{image.source}: ABI target {abi.target} ({abi.target_name}) is not hvt")
+    if abi.version != lib.HVT_ABI_VERSION:
+        raise LoaderError(
+            f"{image.source}: ABI version {abi.version} is not supported "
+            f"(hvt needs version {lib.HVT_ABI_VERSION})"
+        )
+    return abi

@@ -1,0 +1,304 @@
+"""One guest run: load, attach devices, set up KVM, loop over VM exits.
+
+Order matters for users: everything that can be wrong with the command line
+or the unikernel is reported before any host resource is touched, and every
+resource is acquired inside one ExitStack so each exit path (halt, guest
+fault, signal, bug) releases all of it.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from contextlib import ExitStack
+
+from pyvmm._native import lib
+from pyvmm.arch import x86_64
+from pyvmm.config import VmConfig
+from pyvmm.devices.block import BlockDevice
+from pyvmm.devices.console import Console
+from pyvmm.devices.net.device import NetDevice
+from pyvmm.devices.net.tap import TapBackend, parse_mac, random_mac
+from pyvmm.errors import DeviceError, GuestFault, HostError, PyvmmError, UsageError
+from pyvmm.hvt.bootinfo import BootInfo, join_cmdline
+from pyvmm.hvt.hypercalls import Halt, Hypercalls
+from pyvmm.kvm import (
+    FailEntry,
+    Hlt,
+    InternalError,
+    Interrupted,
+    IoIn,
+    IoOut,
+    MemoryFault,
+    Mmio,
+    Shutdown,
+    System,
+)
+from pyvmm.loader import (
+    BlockAttachment,
+    Kernel,
+    NetAttachment,
+    load_kernel,
+    page_protections,
+    place,
+)
+from pyvmm.memory import MIB, GuestMemory
+from pyvmm.stats import ExitCounters
+
+MEM_ALIGN = 2 * MIB
+MEM_MAX = 4096 * MIB
+
+
+class Stopped(PyvmmError):
+    """A stop signal ended the run: exit status 128 + signal, as a shell would."""
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.exit_status = 128 + signum
+
+
+def guest_memory_size(mem_mib: int) -> int:
+    """--mem in MiB, rounded down to 2 MiB as solo5-hvt does, at most 4 GiB."""
+    size = mem_mib * MIB
+    if size > MEM_MAX:
+        raise UsageError(f"--mem={mem_mib}: at most {MEM_MAX // MIB} MiB is supported")
+    size -= size % MEM_ALIGN
+    if size <= 0:
+        raise UsageError(f"--mem={mem_mib}: guest memory must be at least 2 MiB")
+    return size
+
+
+def check_devices(config: VmConfig, kernel: Kernel) -> dict[str, str]:
+    """Match command-line devices against the manifest; returns name -> iface."""
+    nets = dict(config.nets)
+    net_entries = kernel.manifest.devices(lib.MFT_DEV_NET_BASIC)
+    block_entries = kernel.manifest.devices(lib.MFT_DEV_BLOCK_BASIC)
+    if config.default_net is not None:
+        if len(net_entries) != 1:
+            names = ", ".join(e.name for e in net_entries) or "none"
+            raise UsageError(
+                f"--net={config.default_net} needs exactly one net device in the manifest "
+                f"of {kernel.path} (it declares: {names}); use --net:NAME=IFACE"
+            )
+        nets.setdefault(net_entries[0].name, config.default_net)
+    declared = {e.name: e.type for e in kernel.manifest.entries[1:]}
+    kinds = {lib.MFT_DEV_NET_BASIC: "net", lib.MFT_DEV_BLOCK_BASIC: "block"}
+    for option, names, kind in (
+        ("--net", nets, lib.MFT_DEV_NET_BASIC),
+        ("--net-mac", config.net_macs, lib.MFT_DEV_NET_BASIC),
+        ("--block", config.blocks, lib.MFT_DEV_BLOCK_BASIC),
+        ("--block-sector-size", config.block_sector_sizes, lib.MFT_DEV_BLOCK_BASIC),
+    ):
+        for name in names:
+            if name not in declared:
+                raise UsageError(
+                    f"{option}:{name}: the manifest of {kernel.path} has no device '{name}'"
+                )
+            if declared[name] != kind:
+                raise UsageError(
+                    f"{option}:{name}: '{name}' is a {kinds.get(declared[name], '?')} device "
+                    f"in the manifest, not a {kinds[kind]} device"
+                )
+    for name in config.net_macs:
+        if name not in nets:
+            raise UsageError(f"--net-mac:{name} given but net device '{name}' is not attached")
+    for name in config.block_sector_sizes:
+        if name not in config.blocks:
+            raise UsageError(
+                f"--block-sector-size:{name} given but block device '{name}' is not attached"
+            )
+    for entry in net_entries:
+        if entry.name not in nets:
+            raise UsageError(
+                f"net device '{entry.name}' is not attached: use --net:{entry.name}=IFACE"
+            )
+    for entry in block_entries:
+        if entry.name not in config.blocks:
+            raise UsageError(
+                f"block device '{entry.name}' is not attached: use --block:{entry.name}=PATH"
+            )
+    return nets
+
+
+def open_devices(stack: ExitStack, config: VmConfig, kernel: Kernel, nets: dict[str, str]):
+    """Open every attached device; returns ({handle: device}, {name: attachment})."""
+    devices: dict[int, NetDevice | BlockDevice] = {}
+    attachments: dict[str, NetAttachment | BlockAttachment] = {}
+    for name, iface in nets.items():
+        mac = parse_mac(config.net_macs[name]) if name in config.net_macs else random_mac()
+        tap = stack.enter_context(TapBackend.open(iface))
+        device = NetDevice(name, tap, mac)
+        devices[kernel.manifest.by_name(name).index] = device
+        attachments[name] = NetAttachment(mac=mac, mtu=device.mtu)
+    for name, path in config.blocks.items():
+        size = config.block_sector_sizes.get(name, 512)
+        block = stack.enter_context(BlockDevice.open(name, path, size))
+        devices[kernel.manifest.by_name(name).index] = block
+        attachments[name] = BlockAttachment(capacity=block.capacity, block_size=block.block_size)
+    return devices, attachments
+
+
+class Vmm:
+    """A prepared guest: call ``run()`` once; use as a context manager."""
+
+    def __init__(self, config: VmConfig) -> None:
+        self.config = config
+        self.stack = ExitStack()
+        self.counters = ExitCounters()
+        try:
+            self._prepare()
+        except BaseException:
+            self.stack.close()
+            raise
+
+    def _prepare(self) -> None:
+        config = self.config
+        mem_size = guest_memory_size(config.mem_mib)
+        cmdline = join_cmdline(config.guest_args)
+        kernel = load_kernel(config.kernel, platform.machine())
+        kernel.check_fits(mem_size)
+        nets = check_devices(config, kernel)
+        devices, attachments = open_devices(self.stack, config, kernel, nets)
+
+        stack = self.stack
+        self.system = stack.enter_context(System())
+        self.vm = stack.enter_context(self.system.create_vm())
+        self.memory = stack.enter_context(GuestMemory(mem_size))
+        self.vm.set_memory(0, 0, mem_size, self.memory.host_addr)
+        regions = [(r.start, r.start + r.length, r.protection) for r in page_protections(kernel)]
+        x86_64.setup_memory(self.memory, regions)
+        place(kernel, self.memory)
+        self.vcpu = self.vm.create_vcpu(0)
+        tsc_hz = self.vcpu.tsc_khz() * 1000
+        boot_info = BootInfo(
+            mem_size=mem_size,
+            kernel_end=kernel.kernel_end,
+            cpu_cycle_freq=tsc_hz,
+            manifest=kernel.manifest.guest_copy(attachments),
+            cmdline=cmdline,
+        ).write(self.memory)
+        x86_64.setup_vcpu(
+            self.vcpu,
+            self.system,
+            entry=kernel.image.entry,
+            stack=mem_size - 8,
+            boot_info=boot_info,
+        )
+        self.stop_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        stack.callback(os.close, self.stop_fd)
+        self.hypercalls = Hypercalls(self.memory, Console(), devices, self.stop_fd)
+
+    def close(self) -> None:
+        self.stack.close()
+
+    def __enter__(self) -> Vmm:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self) -> int:
+        """Run the guest to its end; returns the exit status for pyvmm."""
+        err = lib.pyvmm_signals_install(self.stop_fd, self.vcpu.run_area)
+        if err:
+            raise HostError(f"cannot install signal handlers: {os.strerror(-err)}")
+        try:
+            return self._loop()
+        finally:
+            lib.pyvmm_signals_restore()
+
+    def _loop(self) -> int:
+        vcpu = self.vcpu
+        table = self.hypercalls.table
+        base = lib.HVT_HYPERCALL_PIO_BASE
+        count = self.counters.count
+        while True:
+            exit = vcpu.run()
+            count(exit)
+            match exit:
+                case IoOut(port=port, size=4, value=gpa) if port - base in table:
+                    try:
+                        table[port - base](gpa)
+                    except Halt as halt:
+                        return halt.status & 0xFF
+                    if lib.pyvmm_stop_signal():
+                        raise Stopped(lib.pyvmm_stop_signal())
+                case Interrupted():
+                    if lib.pyvmm_stop_signal():
+                        raise Stopped(lib.pyvmm_stop_signal())
+                case _:
+                    raise self._fault(exit)
+
+    def _explain_triple_fault(self) -> str:
+        try:
+            regs, sregs = self.vcpu.get_regs(), self.vcpu.get_sregs()
+        except HostError:
+            return "triple fault (unhandled exception)"
+        return explain_page_fault(self.memory, regs.rip, sregs.cr2)
+
+    def _fault(self, exit) -> GuestFault:
+        where = self.vcpu.describe()
+        match exit:
+            case IoOut(port=port, size=size):
+                return GuestFault(
+                    f"guest fault: invalid hypercall: {size}-byte write to port {port:#x} ({where})"
+                )
+            case IoIn(port=port, size=size):
+                return GuestFault(
+                    f"guest fault: invalid {size}-byte read from port {port:#x} ({where})"
+                )
+            case MemoryFault(gpa=gpa):
+                addr = f" at {gpa:#x}" if gpa is not None else ""
+                return GuestFault(f"guest fault: write to read-only memory{addr} ({where})")
+            case Mmio(addr=addr, is_write=is_write) if addr < self.memory.size:
+                # Under PVM, fetching code from a page the host mapped without
+                # exec shows up as an MMIO exit inside RAM.
+                return GuestFault(
+                    f"guest fault: translation fault {'writing' if is_write else 'accessing'} "
+                    f"{addr:#x} (not executable or not accessible) ({where})"
+                )
+            case Mmio(addr=addr, is_write=is_write):
+                verb = "write to" if is_write else "read from"
+                return GuestFault(f"guest fault: {verb} unmapped address {addr:#x} ({where})")
+            case Shutdown():
+                return GuestFault(f"guest fault: {self._explain_triple_fault()} ({where})")
+            case InternalError(suberror=sub):
+                return GuestFault(
+                    f"guest fault: KVM internal error, suberror {sub} "
+                    f"(instruction KVM cannot emulate?) ({where})"
+                )
+            case FailEntry(hardware_reason=reason):
+                return GuestFault(
+                    f"KVM could not enter the guest, hardware reason {reason:#x} ({where})"
+                )
+            case Hlt():
+                return GuestFault(f"guest halted the CPU without the halt hypercall ({where})")
+        return GuestFault(f"guest fault: unexpected VM exit {exit} ({where})")
+
+
+def explain_page_fault(memory: GuestMemory, rip: int, cr2: int) -> str:
+    """Best reading of a triple fault from RIP and the last fault address.
+
+    The guest has no IDT of ours, so any exception ends in a triple fault;
+    CR2 and RIP (reliable under PVM and VMX alike, measured) tell the usual
+    causes apart.
+    """
+    if cr2 == rip:
+        return f"instruction fetch from non-executable memory at {cr2:#x}"
+    if cr2 < x86_64.LOW_ABSENT_END:
+        return f"access to unmapped page zero at {cr2:#x} (NULL pointer?)"
+    if cr2 >= memory.size:
+        return f"access to {cr2:#x}, outside guest memory (size {memory.size:#x})"
+    if memory.is_read_only(cr2, cr2 + 1) or cr2 < x86_64.LOW_READONLY_END:
+        return f"write to read-only memory at {cr2:#x}"
+    return "triple fault (unhandled exception)"
+
+
+def run(config: VmConfig) -> int:
+    with Vmm(config) as vmm:
+        return vmm.run()
+
+
+__all__ = ["DeviceError", "Vmm", "VmConfig", "run"]

@@ -1,0 +1,400 @@
+"""A throw-away network namespace for network tests (a helper, not a test).
+
+Network tests must never touch the host's own namespace: every interface
+they create and every frame they send lives in a namespace made here, which
+is removed on exit, also on failure and on Ctrl-C.  Namespaces, links and
+addresses are managed with pyroute2; processes enter the namespace with
+setns(2) between fork and exec.
+
+    with NetNamespace() as ns:
+        ns.add_tap("tap100", address="10.0.0.1/24", mtu=1400)
+        ns.run(["ping", "-c1", "10.0.0.2"])      # runs inside ns
+        with ns.inside():                          # this thread, inside ns
+            tap = TapBackend.open("tap100")
+
+Inside the namespace /sys/class/net still shows the host's interfaces
+(sysfs belongs to the mount namespace, which is left alone): ask netlink or
+ioctls, as pyvmm does.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import ipaddress
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from types import TracebackType
+from typing import Any
+
+from pyroute2 import IPRoute, netns
+
+PREFIX = "pyvmm-test-"
+NETNS_DIR = "/var/run/netns"
+CLONE_NEWNET = 0x40000000
+# How long a started process gets to exit after SIGTERM before SIGKILL.
+TERM_GRACE = 2.0
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _setns(fd: int) -> None:
+    """Move the calling thread into the network namespace open at ``fd``."""
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"setns: {os.strerror(code)}")
+
+
+def _host_netns_inos() -> set[int]:
+    """Namespaces that must never be cleaned up: ours and init's."""
+    inos = set()
+    for path in ("/proc/thread-self/ns/net", "/proc/self/ns/net", "/proc/1/ns/net"):
+        with contextlib.suppress(OSError):
+            inos.add(os.stat(path).st_ino)
+    return inos
+
+
+class NetNamespace:
+    """A uniquely named network namespace that exists only inside ``with``.
+
+    The name embeds the creating pid, so a namespace leaked by a killed test
+    run is recognised (and removed) by the next one.
+    """
+
+    def __init__(self, prefix: str = PREFIX) -> None:
+        self.name = f"{prefix}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.path = os.path.join(NETNS_DIR, self.name)
+        self._fd = -1
+        self._ino = 0
+        self._procs: list[subprocess.Popen[Any]] = []
+
+    # -- lifetime -------------------------------------------------------
+
+    def __enter__(self) -> NetNamespace:
+        self.create()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def create(self) -> None:
+        """Create the namespace and bring its loopback up."""
+        if self._fd >= 0:
+            raise RuntimeError(f"namespace {self.name} already exists")
+        remove_stale_namespaces()
+        # pyroute2 unshares in a child process: this process never moves.
+        netns.create(self.name)
+        atexit.register(self.close)
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            self._ino = os.fstat(self._fd).st_ino
+            if not self._is_ours():
+                raise RuntimeError(f"{self.path} is the host namespace")
+            with self.iproute() as ipr:
+                ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Kill what runs inside, delete the links, remove the namespace.
+
+        Idempotent. Every step runs even if an earlier one fails, so the
+        namespace is gone whatever state the test left it in.
+        """
+        errors: list[BaseException] = []
+        steps = [self._stop_processes]
+        if self.exists():
+            if self._is_ours():  # never sweep or strip the host's namespace
+                steps += [self._kill_leftovers, self._delete_links]
+            steps.append(self._remove)
+        for step in steps:
+            try:
+                step()
+            except Exception as err:  # keep cleaning up
+                errors.append(err)
+        self._close_fd()
+        atexit.unregister(self.close)
+        if errors:
+            raise RuntimeError(f"cleaning up {self.name}: {errors[0]!r}") from errors[0]
+
+    def exists(self) -> bool:
+        """Whether the namespace is still mounted under /var/run/netns."""
+        return self.name in netns.listnetns()
+
+    # -- configuration ----------------------------------------------------
+
+    def iproute(self) -> IPRoute:
+        """An IPRoute bound to this namespace (close it, or use ``with``).
+
+        ``flags=0`` stops pyroute2 from re-creating a namespace that is gone.
+        """
+        self._require()
+        return IPRoute(netns=self.name, flags=0)
+
+    def add_tap(
+        self,
+        name: str = "tap100",
+        address: str | None = "10.0.0.1/24",
+        mtu: int | None = None,
+        up: bool = True,
+    ) -> int:
+        """Create a persistent tap (IFF_NO_PI) in the namespace; its ifindex.
+
+        pyroute2 does TUNSETIFF + TUNSETPERSIST in a child that entered the
+        namespace, so the tap is born inside it.
+        """
+        with self.iproute() as ipr:
+            ipr.link("add", ifname=name, kind="tuntap", mode="tap", ifr={"no_pi": True})
+            index = ipr.link_lookup(ifname=name)[0]
+            if mtu is not None:
+                ipr.link("set", index=index, mtu=mtu)
+            if address is not None:
+                iface = ipaddress.ip_interface(address)
+                ipr.addr(
+                    "add",
+                    index=index,
+                    address=str(iface.ip),
+                    prefixlen=iface.network.prefixlen,
+                )
+            if up:
+                ipr.link("set", index=index, state="up")
+        return index
+
+    def set_mtu(self, ifname: str, mtu: int) -> None:
+        """Change an interface's MTU inside the namespace."""
+        with self.iproute() as ipr:
+            ipr.link("set", index=ipr.link_lookup(ifname=ifname)[0], mtu=mtu)
+
+    def link(self, ifname: str) -> dict[str, Any]:
+        """Facts about one interface: ``index``, ``mtu``, ``kind``, ``up`` and stats64."""
+        with self.iproute() as ipr:
+            links = ipr.get_links(ifname=ifname)
+        if not links:
+            raise LookupError(f"no interface {ifname!r} in {self.name}")
+        msg = links[0]
+        return {
+            "index": msg["index"],
+            "mtu": msg.get("mtu"),
+            "kind": msg.get(("linkinfo", "kind")),
+            "up": bool(msg["flags"] & 1),
+            "stats": dict(msg.get("stats64") or {}),
+        }
+
+    def links(self) -> list[str]:
+        """Names of all interfaces in the namespace."""
+        with self.iproute() as ipr:
+            return [msg.get("ifname") for msg in ipr.get_links()]
+
+    def sysctl(self, key: str, value: str) -> None:
+        """Set a ``net.*`` sysctl of this namespace, e.g. ``net.ipv6.conf.all.disable_ipv6``.
+
+        /proc/sys/net resolves against the namespace of the thread that
+        opens the file, so the write happens from inside.
+        """
+        if not key.startswith("net."):
+            raise ValueError(f"{key} is not a per-namespace (net.*) sysctl")
+        path = "/proc/sys/" + key.replace(".", "/")
+        with self.inside(), open(path, "w") as f:
+            f.write(value)
+
+    # -- processes --------------------------------------------------------
+
+    def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        """Start ``argv`` inside the namespace; it is killed on ``close()``.
+
+        The child joins the namespace between fork and exec (preexec_fn), so
+        not a single instruction of the program runs in the host namespace.
+        Each child leads its own process group so its children die with it.
+        """
+        self._require()
+        ns_fd = self._fd
+        user_preexec: Callable[[], Any] | None = kwargs.pop("preexec_fn", None)
+
+        def enter() -> None:
+            _setns(ns_fd)
+            if user_preexec is not None:
+                user_preexec()
+
+        kwargs.setdefault("start_new_session", True)
+        proc = subprocess.Popen(list(argv), preexec_fn=enter, **kwargs)
+        self._procs.append(proc)
+        return proc
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        input: Any = None,
+        capture_output: bool = False,
+        timeout: float | None = 60.0,
+        check: bool = False,
+        **kwargs: Any,
+    ) -> subprocess.CompletedProcess[Any]:
+        """``subprocess.run`` inside the namespace (default timeout 60 s)."""
+        if capture_output:
+            kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
+        if input is not None:
+            kwargs["stdin"] = subprocess.PIPE
+        proc = self.popen(argv, **kwargs)
+        try:
+            out, err = proc.communicate(input, timeout=timeout)
+        except BaseException:
+            _stop(proc)
+            raise
+        finally:
+            self._procs.remove(proc)
+        done = subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+        if check:
+            done.check_returncode()
+        return done
+
+    @contextlib.contextmanager
+    def inside(self) -> Iterator[None]:
+        """Run the ``with`` body with the calling thread in the namespace.
+
+        Only this thread moves (setns is per thread); it moves back even if
+        the body raises.  Sockets and tap fds opened in the body stay bound
+        to the namespace after it ends.
+        """
+        self._require()
+        home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _setns(self._fd)
+            try:
+                yield
+            finally:
+                _setns(home)
+        finally:
+            os.close(home)
+
+    def pids(self) -> list[int]:
+        """Pids of every process whose network namespace is this one."""
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdecimal():
+                continue
+            try:
+                st = os.stat(f"/proc/{entry}/ns/net")
+            except OSError:
+                continue
+            if st.st_ino == self._ino:
+                found.append(int(entry))
+        return found
+
+    # -- internals --------------------------------------------------------
+
+    def _is_ours(self) -> bool:
+        return self._ino != 0 and self._ino not in _host_netns_inos()
+
+    def _require(self) -> None:
+        if self._fd < 0:
+            raise RuntimeError(f"namespace {self.name} is not open")
+
+    def _close_fd(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def _remove(self) -> None:
+        self._close_fd()
+        with contextlib.suppress(FileNotFoundError):
+            netns.remove(self.name)
+
+    def _stop_processes(self) -> None:
+        procs, self._procs = self._procs, []
+        for proc in procs:
+            _stop(proc)
+
+    def _kill_leftovers(self) -> None:
+        """SIGKILL, by pid, anything still inside (grandchildren that escaped
+        their process group): nothing but this test's processes can be in a
+        namespace it just created."""
+        if self._ino == 0:
+            return
+        deadline = time.monotonic() + TERM_GRACE
+        while True:
+            pids = [pid for pid in self.pids() if pid != os.getpid()]
+            if not pids or time.monotonic() > deadline:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
+
+    def _delete_links(self) -> None:
+        """Delete every link but lo, so no tap outlives the test even briefly
+        (namespace teardown in the kernel is asynchronous)."""
+        if self._fd < 0:
+            return
+        with self.iproute() as ipr:
+            for msg in ipr.get_links():
+                if msg.get("ifname") != "lo":
+                    with contextlib.suppress(Exception):
+                        ipr.link("del", index=msg["index"])
+
+
+def _stop(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM, then SIGKILL, the process (and its group if it leads one)."""
+    if proc.poll() is not None:
+        return
+
+    def signal_it(sig: int) -> None:
+        try:
+            if os.getpgid(proc.pid) == proc.pid:
+                os.killpg(proc.pid, sig)
+            else:
+                proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+    signal_it(signal.SIGTERM)
+    try:
+        proc.wait(timeout=TERM_GRACE)
+    except subprocess.TimeoutExpired:
+        signal_it(signal.SIGKILL)
+        proc.wait()
+
+
+def remove_stale_namespaces(prefix: str = PREFIX) -> list[str]:
+    """Remove namespaces left by test runs whose process no longer exists."""
+    removed = []
+    for name in netns.listnetns():
+        if not name.startswith(prefix):
+            continue
+        pid_text = name[len(prefix) :].split("-", 1)[0]
+        if not pid_text.isdecimal() or int(pid_text) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+            continue  # its creator is still running
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        with contextlib.suppress(OSError):
+            netns.remove(name)
+            removed.append(name)
+    return removed
+
+
+def can_create_namespaces() -> bool:
+    """Whether this process may create namespaces and taps (root, /dev/net/tun)."""
+    return os.geteuid() == 0 and os.path.exists("/dev/net/tun")
+
+
+__all__ = [
+    "NetNamespace",
+    "can_create_namespaces",
+    "remove_stale_namespaces",
+]

@@ -1,0 +1,144 @@
+"""Every bad input gets one clear line on stderr and a non-zero exit, never a
+traceback, whatever the cause: command line, unikernel file or devices."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from conftest import guest, run_pyvmm
+
+pytestmark = pytest.mark.kvm
+
+
+def assert_error(result, *words: str, status: int = 1) -> str:
+    assert result.returncode == status, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("pyvmm: ")
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def patched(tmp_path, name: str, offset: int, data: bytes):
+    blob = bytearray(guest(name).read_bytes())
+    blob[offset : offset + len(data)] = data
+    path = tmp_path / f"{name}-patched.hvt"
+    path.write_bytes(bytes(blob))
+    return path
+
+
+def test_unknown_option():
+    assert_error(run_pyvmm("--frobnicate", guest("hello")), "unknown option", "--frobnicate")
+
+
+def test_missing_kernel_argument():
+    assert_error(run_pyvmm("--mem=32"), "missing KERNEL")
+
+
+def test_kernel_file_missing(tmp_path):
+    assert_error(run_pyvmm(tmp_path / "nope.hvt"), "nope.hvt", "No such file")
+
+
+def test_kernel_not_elf(tmp_path):
+    path = tmp_path / "text.hvt"
+    path.write_text("hello, I am not a unikernel\n" * 10)
+    assert_error(run_pyvmm(path), "not an ELF")
+
+
+def test_kernel_truncated(tmp_path):
+    path = tmp_path / "short.hvt"
+    path.write_bytes(guest("hello").read_bytes()[:100])
+    assert_error(run_pyvmm(path), "truncated")
+
+
+def test_kernel_wrong_architecture(tmp_path):
+    path = patched(tmp_path, "hello", 18, struct.pack("<H", 183))  # EM_AARCH64
+    assert_error(run_pyvmm(path), "aarch64")
+
+
+def test_kernel_without_abi_note(tmp_path):
+    blob = guest("hello").read_bytes()
+    offset = blob.index(struct.pack("<I", 0x31494241))  # the ABI1 note type
+    path = patched(tmp_path, "hello", offset, struct.pack("<I", 0x12345678))
+    assert_error(run_pyvmm(path), "ABI")
+
+
+def test_kernel_with_wrong_abi_version(tmp_path):
+    blob = guest("hello").read_bytes()
+    desc = blob.index(struct.pack("<I", 0x31494241)) + 4 + 8  # type, then "Solo5\0\0\0"
+    path = patched(tmp_path, "hello", desc + 4, struct.pack("<I", 9))
+    assert_error(run_pyvmm(path), "version")
+
+
+def test_kernel_with_invalid_manifest(tmp_path):
+    blob = guest("hello").read_bytes()
+    desc = blob.index(struct.pack("<I", 0x3154464D)) + 4 + 8 + 4  # 8-aligned descriptor
+    path = patched(tmp_path, "hello", desc, struct.pack("<I", 2))  # manifest version 2
+    assert_error(run_pyvmm(path), "manifest")
+
+
+def test_entry_point_outside_memory(tmp_path):
+    path = patched(tmp_path, "hello", 24, struct.pack("<Q", 0x7FFF0000))
+    assert_error(run_pyvmm("--mem=32", path), "entry")
+
+
+def test_memory_too_small_for_kernel():
+    assert_error(run_pyvmm("--mem=1", guest("hello")), "--mem")
+
+
+def test_memory_not_a_number():
+    assert_error(run_pyvmm("--mem=lots", guest("hello")), "--mem")
+
+
+def test_block_device_not_attached():
+    assert_error(run_pyvmm(guest("blocktest")), "storage", "not attached")
+
+
+def test_block_file_missing(tmp_path):
+    assert_error(
+        run_pyvmm(f"--block:storage={tmp_path}/none.img", guest("blocktest")), "storage", "none.img"
+    )
+
+
+def test_device_not_in_manifest(disk):
+    assert_error(run_pyvmm(f"--block:other={disk}", guest("hello")), "other", "manifest")
+
+
+def test_device_of_wrong_kind(disk):
+    assert_error(run_pyvmm(f"--net:storage={disk}", guest("blocktest")), "storage", "block")
+
+
+def test_net_device_not_attached():
+    assert_error(run_pyvmm(guest("ping")), "service0", "not attached")
+
+
+def test_short_net_option_needs_single_net_device(disk):
+    assert_error(run_pyvmm("--net=tap0", guest("hello")), "exactly one net device")
+
+
+def test_tap_missing():
+    assert_error(run_pyvmm("--net:service0=pyvmmnotap0", guest("ping")), "pyvmmnotap0")
+
+
+def test_bad_block_sector_size(disk):
+    assert_error(
+        run_pyvmm(
+            f"--block:storage={disk}", "--block-sector-size:storage=1000", guest("blocktest")
+        ),
+        "1000",
+    )
+
+
+def test_command_line_too_long():
+    assert_error(run_pyvmm(guest("args"), "x" * 9000), "command line")
+
+
+def test_help_and_version_exit_zero():
+    result = run_pyvmm("--help")
+    assert result.returncode == 0 and "usage: pyvmm" in result.stdout
+    result = run_pyvmm("--version")
+    assert result.returncode == 0 and "pyvmm" in result.stdout and "KVM" in result.stdout
