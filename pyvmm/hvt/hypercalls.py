@@ -113,7 +113,11 @@ class Hypercalls:
         if device is None or arg.len > device.max_frame:
             arg.ret = EINVAL
             return
-        device.write(self.memory.buffer(arg.data, arg.len, what="net_write hypercall"))
+        try:
+            device.write(self.memory.buffer(arg.data, arg.len, what="net_write hypercall"))
+        except OSError:
+            arg.ret = EUNSPEC
+            return
         arg.ret = OK
 
     def net_read(self, gpa: int) -> None:
@@ -123,7 +127,11 @@ class Hypercalls:
             arg.ret = EINVAL
             return
         buf = self.memory.buffer(arg.data, arg.len, write=True, what="net_read hypercall")
-        length = device.read_into(buf)
+        try:
+            length = device.read_into(buf)
+        except OSError:
+            arg.ret = EUNSPEC
+            return
         if length is None:
             arg.ret = AGAIN
             return

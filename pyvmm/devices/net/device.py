@@ -22,8 +22,9 @@ class NetDevice:
     def read_into(self, buf) -> int | None:
         return self.tap.read_into(buf)
 
-    def write(self, buf) -> None:
-        self.tap.write(buf)
+    def write(self, buf) -> bool:
+        """Send one frame; False when the tap dropped it (counted there)."""
+        return self.tap.write(buf)
 
     def close(self) -> None:
         self.tap.close()

@@ -1,0 +1,80 @@
+"""Network end to end, inside a network namespace the test creates and
+removes: a tap in it, pyvmm running in it, the sender in it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, guest
+from netns import NetNamespace, can_create_namespaces
+
+pytestmark = [
+    pytest.mark.kvm,
+    pytest.mark.skipif(not can_create_namespaces(), reason="needs root and /dev/net/tun"),
+]
+
+GUEST_IP = "10.0.0.2"
+
+
+def pyvmm_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pyvmm", *map(str, args)]
+
+
+def start_guest(ns: NetNamespace, *args: str) -> tuple[subprocess.Popen, str]:
+    """Start pyvmm in the namespace and wait until the guest listens.
+
+    A tap drops what the host sends while no process has it attached, so
+    pinging before the guest is up would test nothing but that race.
+    """
+    vm = ns.popen(
+        pyvmm_argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    seen = ""
+    for line in vm.stdout:
+        seen += line
+        if line.startswith("answering"):
+            return vm, seen
+    out, err = vm.communicate(timeout=30)
+    pytest.fail(f"guest did not start: {seen + out + err}")
+
+
+def test_guest_answers_ping_over_tap():
+    with NetNamespace() as ns:
+        ns.add_tap("tap100", address="10.0.0.1/24")
+        vm, head = start_guest(ns, "--net:service0=tap100", guest("ping"), GUEST_IP, "3")
+        ping = ns.run(
+            ["ping", "-c", "3", "-i", "0.2", "-W", "5", GUEST_IP],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        out, err = vm.communicate(timeout=60)
+        assert ping.returncode == 0, ping.stdout + ping.stderr
+        assert "3 received" in ping.stdout
+        assert vm.returncode == 0, out + err
+        assert "SUCCESS" in out
+
+
+def test_short_net_option_and_guest_sees_real_mtu():
+    with NetNamespace() as ns:
+        ns.add_tap("tap100", address="10.0.0.1/24", mtu=1400)
+        vm, head = start_guest(
+            ns,
+            "--net=tap100",
+            "--net-mac:service0=02:00:00:00:00:2a",
+            guest("ping"),
+            GUEST_IP,
+            "1",
+        )
+        ping = ns.run(
+            ["ping", "-c", "1", "-W", "5", GUEST_IP], capture_output=True, text=True, timeout=60
+        )
+        out, err = vm.communicate(timeout=60)
+        out = head + out
+        assert ping.returncode == 0, ping.stdout + ping.stderr
+        assert vm.returncode == 0, out + err
+        assert "MTU: 1400" in out
+        assert "02:00:00:00:00:2a" in out.lower()

@@ -1,0 +1,50 @@
+"""SIGINT and SIGTERM end a guest cleanly: pyvmm exits promptly with 128 +
+signal, one line on stderr, and releases what it held (here: the tap, which
+another process can attach at once afterwards)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, guest
+from netns import NetNamespace, can_create_namespaces
+
+pytestmark = [
+    pytest.mark.kvm,
+    pytest.mark.skipif(not can_create_namespaces(), reason="needs root and /dev/net/tun"),
+]
+
+
+def start_waiting_guest(ns: NetNamespace) -> subprocess.Popen:
+    """The ping guest with no count waits in the poll hypercall forever."""
+    vm = ns.popen(
+        [sys.executable, "-m", "pyvmm", "--net:service0=tap100", str(guest("ping")), "10.0.0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    for line in vm.stdout:
+        if line.startswith("answering"):
+            return vm
+    pytest.fail("guest did not start: " + vm.communicate(timeout=30)[1])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_guest_and_releases_tap(sig):
+    with NetNamespace() as ns:
+        ns.add_tap("tap100", address="10.0.0.1/24")
+        vm = start_waiting_guest(ns)
+        vm.send_signal(sig)
+        _, err = vm.communicate(timeout=10)
+        assert vm.returncode == 128 + sig, err
+        assert err.strip() == f"pyvmm: stopped by {sig.name}"
+        # The tap was released: a new pyvmm can attach it right away.
+        again = start_waiting_guest(ns)
+        again.send_signal(signal.SIGTERM)
+        again.communicate(timeout=10)
+        assert again.returncode == 128 + signal.SIGTERM
