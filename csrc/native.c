@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
@@ -200,4 +201,9 @@ void pyvmm_signals_restore(void)
 int pyvmm_stop_signal(void)
 {
     return stop_signal;
+}
+
+int pyvmm_setns(int fd, int nstype)
+{
+    return setns(fd, nstype) < 0 ? -errno : 0;
 }

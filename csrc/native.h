@@ -71,4 +71,7 @@ int pyvmm_unmap(uint64_t addr, uint64_t size);
 int pyvmm_signals_install(int stop_fd, void *kvm_run);
 void pyvmm_signals_restore(void);
 int pyvmm_stop_signal(void);
+
+/* setns(2) for the calling thread; 0 or -errno. */
+int pyvmm_setns(int fd, int nstype);
 #endif

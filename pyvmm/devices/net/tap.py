@@ -11,7 +11,6 @@ was mounted in, which is not the one a process entered with ``setns``.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import os
@@ -23,6 +22,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
+from pyvmm._native import ffi, lib
 from pyvmm.errors import DeviceError
 
 _T = TypeVar("_T")
@@ -83,9 +83,6 @@ _DRVINFO_BUS = slice(100, 132)
 # down (EIO) or the frame is a runt shorter than an Ethernet header (EINVAL);
 # so do we, so that no guest-supplied frame can fail the hypercall.
 _DROP_ERRNOS = frozenset({errno.EAGAIN, errno.ENOBUFS, errno.EIO, errno.EINVAL})
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
 
 class TapBackend:
     """An attached, non-blocking tap fd (``IFF_TAP | IFF_NO_PI``) and its facts.
@@ -327,13 +324,14 @@ def _ifindex(sock: socket.socket, raw: bytes) -> int:
 
 def _driver_info(sock: socket.socket, raw: bytes) -> tuple[str, str]:
     """``(driver, bus_info)``: a tap reports ("tun", "tap"), a tun ("tun", "tun")."""
-    info = ctypes.create_string_buffer(_DRVINFO_SIZE)
-    struct.pack_into("I", info, 0, ETHTOOL_GDRVINFO)
+    info = ffi.new("uint8_t[]", _DRVINFO_SIZE)
+    struct.pack_into("I", ffi.buffer(info), 0, ETHTOOL_GDRVINFO)
+    address = int(ffi.cast("uintptr_t", info))
     try:
-        fcntl.ioctl(sock, SIOCETHTOOL, _IFREQ_PTR.pack(raw, ctypes.addressof(info)))
+        fcntl.ioctl(sock, SIOCETHTOOL, _IFREQ_PTR.pack(raw, address))
     except OSError:
         return "", ""  # lo and a few others have no driver info: not a tap.
-    data = info.raw
+    data = bytes(ffi.buffer(info))
 
     def text(field: slice) -> str:
         return data[field].split(b"\0", 1)[0].decode(errors="replace")
@@ -426,9 +424,9 @@ def _call_in_netns(ns_fd: int, fn: Callable[[], _T]) -> _T:
 
     def target() -> None:
         try:
-            if _libc.setns(ns_fd, CLONE_NEWNET) != 0:
-                code = ctypes.get_errno()
-                raise OSError(code, f"setns: {os.strerror(code)}")
+            err = lib.pyvmm_setns(ns_fd, CLONE_NEWNET)
+            if err:
+                raise OSError(-err, f"setns: {os.strerror(-err)}")
             box["value"] = fn()
         except BaseException as err:
             box["error"] = err
