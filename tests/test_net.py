@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import ROOT, guest
-from netns import NetNamespace, can_create_namespaces
+from pyvmm.netns import NetNamespace, can_create_namespaces
 
 pytestmark = [
     pytest.mark.kvm,

@@ -21,7 +21,6 @@ from typing import Any, TypeVar
 import pytest
 from pyroute2 import netns as pyroute2_netns
 
-from netns import NetNamespace, can_create_namespaces
 from pyvmm.devices.net.tap import (
     IFF_NO_PI,
     IFF_TAP,
@@ -33,6 +32,7 @@ from pyvmm.devices.net.tap import (
     random_mac,
 )
 from pyvmm.errors import DeviceError
+from pyvmm.netns import NetNamespace, can_create_namespaces
 
 ROOT = Path(__file__).resolve().parents[1]
 ETH_P_ALL = 0x0003

@@ -1,4 +1,4 @@
-"""A throw-away network namespace for network tests (a helper, not a test).
+"""A throw-away network namespace with a tap, for tests, benchmarks and the demo.
 
 Network tests must never touch the host's own namespace: every interface
 they create and every frame they send lives in a namespace made here, which
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import ipaddress
 import os
 import signal
@@ -34,19 +33,20 @@ from typing import Any
 
 from pyroute2 import IPRoute, netns
 
+from pyvmm._native import lib
+
 PREFIX = "pyvmm-test-"
 NETNS_DIR = "/var/run/netns"
 CLONE_NEWNET = 0x40000000
 # How long a started process gets to exit after SIGTERM before SIGKILL.
 TERM_GRACE = 2.0
 
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _setns(fd: int) -> None:
     """Move the calling thread into the network namespace open at ``fd``."""
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
-        code = ctypes.get_errno()
+    code = -lib.pyvmm_setns(fd, CLONE_NEWNET)
+    if code:
         raise OSError(code, f"setns: {os.strerror(code)}")
 
 

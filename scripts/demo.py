@@ -1,0 +1,46 @@
+"""Boot the ping guest with a tap in a throw-away network namespace, ping it,
+and show what happened. Nothing is left behind: the namespace (and the tap
+in it) is removed at the end, also on failure or Ctrl-C."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from pyvmm.netns import NetNamespace
+
+ROOT = Path(__file__).resolve().parent.parent
+GUEST = ROOT / "guests" / "bin" / "ping.hvt"
+
+
+def main() -> int:
+    command = ["pyvmm", "--net=tap100", str(GUEST.relative_to(ROOT)), "10.0.0.2", "5"]
+    with NetNamespace() as ns:
+        ns.add_tap("tap100", address="10.0.0.1/24")
+        print(f"# namespace {ns.name}: tap100 10.0.0.1/24; guest 10.0.0.2")
+        print("$ " + " ".join(command))
+        vm = ns.popen(
+            [sys.executable, "-m", "pyvmm", *command[1:]],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+        )
+        for line in vm.stdout:
+            print("  guest| " + line, end="")
+            if line.startswith("answering"):
+                break
+        print("$ ping -c 5 -i 0.2 10.0.0.2")
+        ping = ns.run(["ping", "-c", "5", "-i", "0.2", "10.0.0.2"], capture_output=True, text=True)
+        for line in ping.stdout.splitlines():
+            print("  ping | " + line)
+        for line in vm.stdout:
+            print("  guest| " + line, end="")
+        vm.wait(timeout=30)
+        print(f"# pyvmm exited with status {vm.returncode}")
+        return 0 if vm.returncode == 0 and ping.returncode == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
