@@ -16,7 +16,7 @@ from pathlib import Path
 from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
-SHARED_HEADERS = ("hvt_abi.h", "native.h")
+SHARED_HEADERS = ("hvt_abi.h", "pyvmm_abi.h", "native.h")
 SOURCES = ("native.c",)
 
 _DEFINE = re.compile(r"^#define\s+\w+\s+(0x[0-9a-fA-F]+|\d+)\s*$")

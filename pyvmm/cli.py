@@ -29,8 +29,12 @@ Run a Solo5 hvt unikernel on KVM. Options (solo5-hvt compatible):
   --net-mac:NAME=HWADDR         guest MAC address of net device NAME
   --block:NAME=PATH             attach block device NAME to file PATH
   --block-sector-size:NAME=N    sector size of block device NAME (default 512)
+  --cpl=auto|0|3                privilege level of the guest: 3 (user mode,
+                                native speed on PVM hosts) needs a guest that
+                                declares it; auto picks 3 for such a guest on
+                                a PVM host, else 0 (default auto)
   --help                        show this help
-  --version                     show version and what this host's KVM provides
+  --version, --host-info        show version and what this host's KVM provides
 Everything after KERNEL is the guest's command line.
 """
 
@@ -57,10 +61,15 @@ def parse_args(argv: list[str]) -> VmConfig | str:
             break
         if arg in ("--help", "-h"):
             return "help"
-        if arg == "--version":
+        if arg in ("--version", "--host-info"):
             return "version"
         if arg.startswith("--mem="):
             config.mem_mib = _positive_int("--mem", arg[len("--mem=") :])
+        elif arg.startswith("--cpl="):
+            value = arg[len("--cpl=") :]
+            if value not in ("auto", "0", "3"):
+                raise UsageError(f"--cpl: '{value}' is not one of auto, 0, 3")
+            config.cpl = value
         elif arg.startswith("--net="):
             iface = arg[len("--net=") :]
             if not iface:
@@ -95,19 +104,32 @@ def parse_args(argv: list[str]) -> VmConfig | str:
 
 
 def version_text() -> str:
+    """Our version, the ABI, and what this host's KVM provides."""
     lines = [f"pyvmm {__version__} (Solo5 hvt ABI 2)"]
     try:
         from pyvmm.kvm import System
 
         with System() as kvm:
             info = kvm.host_info()
-        lines.append(
-            f"host: {info.machine}, KVM {info.flavour}; ioeventfd "
-            f"{'yes' if info.ioeventfd else 'no'}, stats fd {'yes' if info.stats_fd else 'no'}, "
-            f"read-only memslots {'yes' if info.readonly_mem else 'no'}"
-        )
     except PyvmmError as err:
         lines.append(f"host: {err}")
+        return "\n".join(lines)
+
+    def yes(flag: bool) -> str:
+        return "yes" if flag else "no"
+
+    tsc = f"{info.tsc_khz / 1000:.3f} MHz" if info.tsc_khz else "unknown"
+    lines += [
+        f"host: {info.machine}, KVM flavour {info.flavour}"
+        + (
+            " (guest CPL 0 code is emulated; user-mode guests run natively)"
+            if info.flavour == "pvm"
+            else ""
+        ),
+        f"ioeventfd: {yes(info.ioeventfd)}, stats fd: {yes(info.stats_fd)}, "
+        f"read-only memslots: {yes(info.readonly_mem)}, TSC: {tsc}",
+        f"--cpl=auto runs user-mode capable guests at CPL {info.default_cpl}",
+    ]
     return "\n".join(lines)
 
 

@@ -19,3 +19,5 @@ class VmConfig:
     default_net: str | None = None
     blocks: dict[str, str] = field(default_factory=dict)
     block_sector_sizes: dict[str, int] = field(default_factory=dict)
+    # Privilege level of the guest: "auto", "0" or "3" (see vmm.choose_cpl).
+    cpl: str = "auto"

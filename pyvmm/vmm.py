@@ -34,6 +34,7 @@ from pyvmm.kvm import (
     Shutdown,
     System,
 )
+from pyvmm.kvm.system import kvm_flavour
 from pyvmm.loader import (
     BlockAttachment,
     Kernel,
@@ -68,6 +69,27 @@ def guest_memory_size(mem_mib: int) -> int:
     if size <= 0:
         raise UsageError(f"--mem={mem_mib}: guest memory must be at least 2 MiB")
     return size
+
+
+def choose_cpl(requested: str, kernel: Kernel, flavour: str) -> int:
+    """The privilege level to run the guest at.
+
+    Level 3 runs natively under kvm_pvm, where level 0 is emulated about a
+    thousand times slower (docs/pvm.md); only a guest that declares it can
+    run in user mode (pyvmm's CAP1 note) may get it. Unmodified Solo5
+    unikernels never do.
+    """
+    can = kernel.capabilities.user_mode
+    if requested == "3":
+        if not can:
+            raise UsageError(
+                f"--cpl=3: {kernel.path} does not declare that it can run in user mode "
+                "(no pyvmm capability note)"
+            )
+        return 3
+    if requested == "0":
+        return 0
+    return 3 if can and flavour == "pvm" else 0
 
 
 def check_devices(config: VmConfig, kernel: Kernel) -> dict[str, str]:
@@ -164,11 +186,12 @@ class Vmm:
 
         stack = self.stack
         self.system = stack.enter_context(System())
+        self.cpl = choose_cpl(config.cpl, kernel, kvm_flavour())
         self.vm = stack.enter_context(self.system.create_vm())
         self.memory = stack.enter_context(GuestMemory(mem_size))
         self.vm.set_memory(0, 0, mem_size, self.memory.host_addr)
         regions = [(r.start, r.start + r.length, r.protection) for r in page_protections(kernel)]
-        x86_64.setup_memory(self.memory, regions)
+        x86_64.setup_memory(self.memory, regions, self.cpl)
         place(kernel, self.memory)
         self.vcpu = self.vm.create_vcpu(0)
         tsc_hz = self.vcpu.tsc_khz() * 1000
@@ -185,6 +208,7 @@ class Vmm:
             entry=kernel.image.entry,
             stack=mem_size - 8,
             boot_info=boot_info,
+            cpl=self.cpl,
         )
         self.stop_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         stack.callback(os.close, self.stop_fd)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from pyvmm._native import lib
 from pyvmm.errors import LoaderError
 from pyvmm.memory import GuestMemory, Protection
 
@@ -57,7 +58,11 @@ EFER_LMA = 1 << 10
 EFER_NXE = 1 << 11
 RFLAGS_RESERVED = 1 << 1
 
+CR4_FSGSBASE = 1 << 16
+RFLAGS_IOPL3 = 3 << 12
+
 SEG_TYPE_CODE_XA = 9  # execute-only, accessed
+SEG_TYPE_CODE_XRA = 11  # execute/read, accessed
 SEG_TYPE_DATA_RWA = 3  # read/write, accessed
 SEG_TYPE_TSS64_BUSY = 11
 
@@ -91,7 +96,7 @@ class Segment:
     def load(self, kvm_seg) -> None:
         kvm_seg.base = 0
         kvm_seg.limit = (self.limit << 12) | 0xFFF if self.granularity else self.limit
-        kvm_seg.selector = self.selector
+        kvm_seg.selector = self.selector | self.dpl  # RPL = DPL
         kvm_seg.type = self.type
         kvm_seg.present = 1
         kvm_seg.dpl = self.dpl
@@ -105,6 +110,24 @@ class Segment:
 
 KERNEL_CODE = Segment(selector=0x08, type=SEG_TYPE_CODE_XA, long=True)
 KERNEL_DATA = Segment(selector=0x10, type=SEG_TYPE_DATA_RWA, db=True)
+USER_DATA = Segment(selector=lib.PYVMM_USER_DS & ~3, type=SEG_TYPE_DATA_RWA, dpl=3, db=True)
+USER_CODE = Segment(selector=lib.PYVMM_USER_CS & ~3, type=SEG_TYPE_CODE_XRA, dpl=3, long=True)
+
+# The user-mode TSS: 104 bytes, then an I/O permission bitmap of all zeros
+# (every port allowed) and the 0xff byte that must end it. Measured under
+# kvm_pvm: RFLAGS.IOPL=3 alone does not let CPL 3 execute `out` (it raises
+# #GP); the bitmap does.
+TSS_BASE = lib.PYVMM_TSS_BASE
+TSS_SIZE = 104
+TSS_IOMAP_SIZE = 65536 // 8
+TSS_LIMIT = TSS_SIZE + TSS_IOMAP_SIZE  # inclusive: covers the 0xff byte
+
+
+def tss_bytes() -> bytes:
+    tss = bytearray(TSS_LIMIT + 1)
+    struct.pack_into("<H", tss, 102, TSS_SIZE)  # I/O map base
+    tss[-1] = 0xFF
+    return bytes(tss)
 
 
 def gdt_bytes(segments: tuple[Segment, ...]) -> bytes:
@@ -178,22 +201,50 @@ def page_tables(regions: list[tuple[int, int, Protection]], user: bool = False) 
     return tables
 
 
-def setup_memory(memory: GuestMemory, regions: list[tuple[int, int, Protection]]) -> None:
-    """Write the GDT and page tables into guest memory."""
-    memory.write(GDT_BASE, gdt_bytes((KERNEL_CODE, KERNEL_DATA)))
-    for gpa, table in page_tables(regions).items():
+def segments_for(cpl: int) -> tuple[Segment, ...]:
+    if cpl == 3:
+        return (KERNEL_CODE, KERNEL_DATA, USER_DATA, USER_CODE)
+    return (KERNEL_CODE, KERNEL_DATA)
+
+
+def setup_memory(
+    memory: GuestMemory, regions: list[tuple[int, int, Protection]], cpl: int = 0
+) -> None:
+    """Write the GDT, page tables (and for CPL 3 the TSS) into guest memory."""
+    memory.write(GDT_BASE, gdt_bytes(segments_for(cpl)))
+    for gpa, table in page_tables(regions, user=cpl == 3).items():
         memory.write(gpa, table)
+    if cpl == 3:
+        memory.write(TSS_BASE, tss_bytes())
 
 
-def setup_vcpu(vcpu, system, *, entry: int, stack: int, boot_info: int) -> None:
-    """Long mode at CPL 0, CPUID from KVM, registers as the hvt ABI says."""
-    vcpu.set_cpuid(system.supported_cpuid())
+def cpu_has_fsgsbase(cpuid) -> bool:
+    """CPUID.(EAX=7,ECX=0):EBX bit 0, as KVM would show it to the guest."""
+    for i in range(cpuid.nent):
+        entry = cpuid.entries[i]
+        if entry.function == 7 and entry.index == 0:
+            return bool(entry.ebx & 1)
+    return False
+
+
+def setup_vcpu(vcpu, system, *, entry: int, stack: int, boot_info: int, cpl: int = 0) -> None:
+    """Long mode, CPUID from KVM, registers as the hvt ABI says.
+
+    CPL 0 is solo5-hvt's state exactly. CPL 3 (pyvmm's user-mode profile)
+    starts in 64-bit user mode: DPL 3 segments, user page tables, IOPL 3 and
+    a TSS whose I/O bitmap allows the hypercall ports, FSGSBASE so the guest
+    can set its TLS base without a privileged instruction.
+    """
+    cpuid = system.supported_cpuid()
+    vcpu.set_cpuid(cpuid)
     sregs = vcpu.get_sregs()
-    KERNEL_CODE.load(sregs.cs)
+    code, data = (USER_CODE, USER_DATA) if cpl == 3 else (KERNEL_CODE, KERNEL_DATA)
+    code.load(sregs.cs)
     for seg in (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss):
-        KERNEL_DATA.load(seg)
-    sregs.tr.base = 0
-    sregs.tr.limit = 0
+        data.load(seg)
+    sregs.tr.base = TSS_BASE if cpl == 3 else 0
+    sregs.tr.limit = TSS_LIMIT if cpl == 3 else 0
+    sregs.tr.g = 0
     sregs.tr.selector = 0
     sregs.tr.type = SEG_TYPE_TSS64_BUSY
     sregs.tr.present = 1
@@ -203,12 +254,14 @@ def setup_vcpu(vcpu, system, *, entry: int, stack: int, boot_info: int) -> None:
     sregs.ldt.unusable = 1
     sregs.ldt.present = 0
     sregs.gdt.base = GDT_BASE
-    sregs.gdt.limit = 3 * 8 - 1
+    sregs.gdt.limit = len(segments_for(cpl)) * 8 + 8 - 1
     sregs.idt.base = 0
     sregs.idt.limit = 0
     sregs.cr0 = CR0_PE | CR0_NE | CR0_WP | CR0_PG
     sregs.cr3 = PML4_BASE
     sregs.cr4 = CR4_PAE | CR4_OSFXSR | CR4_OSXMMEXCPT
+    if cpl == 3 and cpu_has_fsgsbase(cpuid):
+        sregs.cr4 |= CR4_FSGSBASE
     sregs.efer = EFER_LME | EFER_LMA | EFER_NXE
     vcpu.set_sregs(sregs)
     regs = vcpu.get_regs()
@@ -229,7 +282,7 @@ def setup_vcpu(vcpu, system, *, entry: int, stack: int, boot_info: int) -> None:
         "r15",
     ):
         setattr(regs, name, 0)
-    regs.rflags = RFLAGS_RESERVED
+    regs.rflags = RFLAGS_RESERVED | (RFLAGS_IOPL3 if cpl == 3 else 0)
     regs.rip = entry
     regs.rsp = stack
     regs.rdi = boot_info

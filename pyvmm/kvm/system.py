@@ -27,6 +27,12 @@ class HostInfo:
     ioeventfd: bool
     stats_fd: bool
     readonly_mem: bool
+    tsc_khz: int | None
+
+    @property
+    def default_cpl(self) -> int:
+        """The level --cpl=auto gives a guest that declares user mode."""
+        return 3 if self.flavour == "pvm" else 0
 
 
 def kvm_flavour() -> str:
@@ -98,6 +104,16 @@ class System:
                     raise
                 nent *= 2
 
+    def tsc_khz(self) -> int | None:
+        """The TSC frequency KVM gives guests (needs a throw-away VM and vCPU)."""
+        if platform.machine() != "x86_64":
+            return None
+        try:
+            with self.create_vm() as vm:
+                return vm.create_vcpu(0).tsc_khz()
+        except KvmError:
+            return None
+
     def host_info(self) -> HostInfo:
         return HostInfo(
             machine=platform.machine(),
@@ -105,6 +121,7 @@ class System:
             ioeventfd=bool(self.check_extension(lib.KVM_CAP_IOEVENTFD)),
             stats_fd=bool(self.check_extension(lib.KVM_CAP_BINARY_STATS_FD)),
             readonly_mem=bool(self.check_extension(lib.KVM_CAP_READONLY_MEM)),
+            tsc_khz=self.tsc_khz(),
         )
 
     def create_vm(self) -> Vm:

@@ -25,13 +25,16 @@ from pyvmm.loader.manifest import (
     read_manifest,
 )
 from pyvmm.loader.notes import (
+    PYVMM_CAPS,
     SOLO5_ABI,
     SOLO5_MANIFEST,
     AbiInfo,
+    Capabilities,
     NoteKind,
     find_note,
     note_descriptor,
     read_abi,
+    read_capabilities,
 )
 
 __all__ = [
@@ -39,7 +42,9 @@ __all__ = [
     "MIN_LOAD_ADDRESS",
     "SOLO5_ABI",
     "SOLO5_MANIFEST",
+    "PYVMM_CAPS",
     "AbiInfo",
+    "Capabilities",
     "Attachment",
     "BlockAttachment",
     "DeviceType",
@@ -59,5 +64,6 @@ __all__ = [
     "parse_elf",
     "place",
     "read_abi",
+    "read_capabilities",
     "read_manifest",
 ]

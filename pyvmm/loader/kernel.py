@@ -16,7 +16,7 @@ from pyvmm._native import lib
 from pyvmm.errors import LoaderError
 from pyvmm.loader.elf import ElfImage, Segment, parse_elf
 from pyvmm.loader.manifest import Manifest
-from pyvmm.loader.notes import AbiInfo, read_abi
+from pyvmm.loader.notes import AbiInfo, Capabilities, read_abi, read_capabilities
 from pyvmm.memory import PAGE_SIZE, GuestMemory, Protection
 
 MIB = 1 << 20
@@ -39,6 +39,7 @@ class Kernel:
     abi: AbiInfo
     manifest: Manifest
     kernel_end: int
+    capabilities: Capabilities = Capabilities()
 
     @property
     def entry(self) -> int:
@@ -96,7 +97,14 @@ def load_kernel(path: str, host_machine: str) -> Kernel:
     abi = read_abi(image)
     manifest = Manifest.from_image(image)
     kernel_end = max(seg.end for seg in image.segments)
-    return Kernel(path=path, image=image, abi=abi, manifest=manifest, kernel_end=kernel_end)
+    return Kernel(
+        path=path,
+        image=image,
+        abi=abi,
+        manifest=manifest,
+        kernel_end=kernel_end,
+        capabilities=read_capabilities(image),
+    )
 
 
 def _read_file(path: str) -> bytes:

@@ -2,9 +2,9 @@
 
 Each note pyvmm understands is described by a ``NoteKind`` (owner, type,
 descriptor alignment), so adding one is a constant plus a small parser next to
-``read_abi``. pyvmm's own future note (owner ``b"pyvmm"``, declaring guest
-capabilities) is meant to go here the same way; a guest that lacks it must
-keep booting exactly as under solo5-hvt.
+``read_abi``. pyvmm's own note (owner ``b"pyvmm"``, type CAP1) declares guest
+capabilities such as user mode; a guest that lacks it boots exactly as
+under solo5-hvt.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class NoteKind:
 
 SOLO5_ABI = NoteKind(SOLO5_OWNER, lib.SOLO5_NOTE_ABI, 4, "Solo5 ABI note")
 SOLO5_MANIFEST = NoteKind(SOLO5_OWNER, lib.SOLO5_NOTE_MANIFEST, 8, "Solo5 manifest note")
+PYVMM_CAPS = NoteKind(b"pyvmm", lib.PYVMM_NOTE_CAPS, 4, "pyvmm capability note")
 
 
 def find_note(image: ElfImage, name: bytes, type: int) -> Note | None:
@@ -98,3 +99,33 @@ def read_abi(image: ElfImage) -> AbiInfo:
             f"(hvt needs version {lib.HVT_ABI_VERSION})"
         )
     return abi
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a guest declares it can do beyond plain hvt (pyvmm's CAP1 note)."""
+
+    flags: int = 0
+
+    @property
+    def user_mode(self) -> bool:
+        return bool(self.flags & lib.PYVMM_CAP_USER_MODE)
+
+
+def read_capabilities(image: ElfImage) -> Capabilities:
+    """The pyvmm capability note; absent means none (every Solo5 unikernel)."""
+    desc = note_descriptor(image, PYVMM_CAPS)
+    if desc is None:
+        return Capabilities()
+    size = ffi.sizeof("struct pyvmm_caps")
+    if len(desc) != size:
+        raise LoaderError(
+            f"{image.source}: malformed pyvmm capability note ({len(desc)} bytes, need {size})"
+        )
+    caps = ffi.from_buffer("struct pyvmm_caps *", desc)
+    if caps.version != lib.PYVMM_CAPS_VERSION:
+        raise LoaderError(
+            f"{image.source}: pyvmm capability note version {caps.version} is not supported "
+            f"(need {lib.PYVMM_CAPS_VERSION})"
+        )
+    return Capabilities(flags=caps.flags)
