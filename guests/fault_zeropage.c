@@ -1,0 +1,20 @@
+/*
+ * fault_zeropage: reads the byte at guest address 0, which the tender's page
+ * tables leave unmapped.  The tender must stop the guest; surviving prints
+ * "FAILURE: not stopped" and exits 2.
+ */
+#include "rt.h"
+
+GUEST_MANIFEST();
+
+int solo5_app_main(const struct solo5_start_info *si)
+{
+    (void)si;
+    uint8_t value;
+    rt_puts("fault_zeropage: reading address 0x0\n");
+    /* Inline asm: a C null dereference would be undefined behaviour. */
+    __asm__ __volatile__("movb 0x0, %0" : "=q"(value) : : "memory");
+    rt_printf("read %u\n", value);
+    rt_puts("FAILURE: not stopped\n");
+    return 2;
+}

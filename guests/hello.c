@@ -1,0 +1,13 @@
+/* hello: the smallest guest.  Prints a banner and a greeting. */
+#include "rt.h"
+
+GUEST_MANIFEST();
+
+int solo5_app_main(const struct solo5_start_info *si)
+{
+    (void)si;
+    rt_puts("pyvmm guest runtime (Solo5 hvt ABI 2)\n");
+    rt_puts("Hello, world\n");
+    rt_puts("SUCCESS\n");
+    return SOLO5_EXIT_SUCCESS;
+}

@@ -1,0 +1,34 @@
+/* Ending the guest: the halt hypercall. */
+#include "hypercall.h"
+#include "rt_internal.h"
+
+void rt_halt(int status, void *cookie)
+{
+    volatile struct hvt_hc_halt h = {
+        .cookie = (uint64_t)(uintptr_t)cookie,
+        .exit_status = status,
+    };
+    hvt_hypercall(HVT_HYPERCALL_HALT, &h);
+    /* A tender never resumes a halted guest; if one does, fault so the run
+     * ends instead of executing whatever follows.  (ud2 is unprivileged.) */
+    for (;;)
+        __asm__ __volatile__("ud2");
+}
+
+void solo5_exit(int status)
+{
+    rt_halt(status, NULL);
+}
+
+void solo5_abort(void)
+{
+    rt_puts("pyvmm-rt: solo5_abort() called\n");
+    rt_halt(SOLO5_EXIT_ABORT, NULL);
+}
+
+solo5_result_t solo5_set_tls_base(uintptr_t base)
+{
+    /* Would need wrmsr(FS_BASE) or wrfsbase: privileged or CPU-dependent. */
+    (void)base;
+    return SOLO5_R_EUNSPEC;
+}
