@@ -16,8 +16,15 @@ from pathlib import Path
 from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
-SHARED_HEADERS = ("hvt_abi.h", "pyvmm_abi.h", "native.h")
-SOURCES = ("native.c",)
+SHARED_HEADERS = (
+    "hvt_abi.h",
+    "pyvmm_abi.h",
+    "shmstream.h",
+    "native.h",
+    "iothread.h",
+    "shm_testing.h",
+)
+SOURCES = ("native.c", "iothread.c", "shm_testing.c")
 
 _DEFINE = re.compile(r"^#define\s+\w+\s+(0x[0-9a-fA-F]+|\d+)\s*$")
 

@@ -19,6 +19,8 @@
 
 /* The guest runs correctly at privilege level 3 (user mode). */
 #define PYVMM_CAP_USER_MODE 1
+/* The guest has a shmstream driver (shmstream.h) and wants the region. */
+#define PYVMM_CAP_SHMSTREAM 2
 
 struct pyvmm_caps {
     uint32_t version;
@@ -34,5 +36,33 @@ struct pyvmm_caps {
 #define PYVMM_USER_CS 0x23
 #define PYVMM_USER_DS 0x1b
 #define PYVMM_TSS_BASE 0x1c000
+
+/*
+ * boot_info.host_features bit: pyvmm offers its boot extension, a struct
+ * pyvmm_boot_ext at PYVMM_BOOT_EXT_GPA (read-only low memory, between the
+ * boot info and the manifest copy).  Set only for guests whose CAP1 note
+ * asks for something the extension carries; a stock solo5-hvt never sets
+ * it, so such a guest falls back to plain hvt there.
+ */
+#define PYVMM_FEATURE_BOOT_EXT 65536
+#define PYVMM_BOOT_EXT_GPA 0x10040
+#define PYVMM_BOOT_EXT_MAGIC 0x31585650
+
+struct pyvmm_boot_ext {
+    uint32_t magic;        /* PYVMM_BOOT_EXT_MAGIC, "PVX1" */
+    uint32_t version;      /* 1 */
+    uint64_t shm_region;   /* GPA of struct shm_region, 0 if not offered */
+    uint64_t shm_size;     /* bytes, a 2 MiB multiple above mem_size */
+    uint32_t shm_mode;     /* host IO thread mode: 1 poll, 2 event, 3 hybrid */
+    uint32_t reserved0;
+    uint64_t reserved[4];
+};
+
+/*
+ * A port that KVM absorbs through an ioeventfd (KVM_IOEVENTFD) without
+ * exiting to pyvmm: a 4-byte write costs what a shmstream kick costs and
+ * does nothing else.  Guests use it to measure that cost (bench/cpl.py).
+ */
+#define PYVMM_NULL_KICK_PIO 0x6ff
 
 #endif /* PYVMM_ABI_H */

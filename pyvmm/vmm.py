@@ -212,7 +212,16 @@ class Vmm:
         )
         self.stop_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         stack.callback(os.close, self.stop_fd)
+        self._register_null_kick()
         self.hypercalls = Hypercalls(self.memory, Console(), devices, self.stop_fd)
+
+    def _register_null_kick(self) -> None:
+        """Let guests measure a kick: KVM absorbs writes to this port."""
+        if not self.system.check_extension(lib.KVM_CAP_IOEVENTFD):
+            return
+        fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self.stack.callback(os.close, fd)
+        self.vm.add_ioeventfd(fd, lib.PYVMM_NULL_KICK_PIO, 4, pio=True)
 
     def close(self) -> None:
         self.stack.close()

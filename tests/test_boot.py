@@ -7,66 +7,77 @@ import pytest
 
 from conftest import guest, run_pyvmm
 
-pytestmark = pytest.mark.kvm
+# Every guest runs at both privilege levels: 0 as solo5-hvt runs it, 3 in
+# pyvmm's user-mode profile (the guests declare they can).
+pytestmark = [pytest.mark.kvm, pytest.mark.parametrize("cpl", ["0", "3"])]
 
 
-def test_hello_prints_and_exits_zero():
-    result = run_pyvmm(guest("hello"))
+def test_hello_prints_and_exits_zero(cpl):
+    result = run_pyvmm(f"--cpl={cpl}", guest("hello"))
     assert result.returncode == 0, result.stderr
     assert "Hello, world" in result.stdout
     assert result.stdout.rstrip().endswith("SUCCESS")
     assert result.stderr == ""
 
 
-def test_args_passes_command_line_and_exit_status():
-    result = run_pyvmm(guest("args"), "7", "foo", "--bar")
+def test_args_passes_command_line_and_exit_status(cpl):
+    result = run_pyvmm(f"--cpl={cpl}", guest("args"), "7", "foo", "--bar")
     assert "cmdline: 7 foo --bar" in result.stdout
     assert result.returncode == 7
 
 
-def test_guest_options_after_kernel_belong_to_guest():
-    result = run_pyvmm("--mem=32", "--", guest("args"), "--mem=64", "x")
+def test_guest_options_after_kernel_belong_to_guest(cpl):
+    result = run_pyvmm(f"--cpl={cpl}", "--mem=32", "--", guest("args"), "--mem=64", "x")
     assert "cmdline: --mem=64 x" in result.stdout
     assert result.returncode == 0
 
 
-def test_empty_command_line():
-    result = run_pyvmm(guest("args"))
+def test_empty_command_line(cpl):
+    result = run_pyvmm(f"--cpl={cpl}", guest("args"))
     assert "cmdline: \n" in result.stdout or result.stdout.rstrip().endswith("cmdline:")
     assert result.returncode == 0
 
 
-def test_exit_status_is_masked_to_a_byte():
-    result = run_pyvmm(guest("args"), "255")
+def test_exit_status_is_masked_to_a_byte(cpl):
+    result = run_pyvmm(f"--cpl={cpl}", guest("args"), "255")
     assert result.returncode == 255
 
 
-def test_abort_exits_255():
-    result = run_pyvmm(guest("abort"))
+def test_abort_exits_255(cpl):
+    result = run_pyvmm(f"--cpl={cpl}", guest("abort"))
     assert result.returncode == 255
 
 
-def test_sleep_poll_timeouts_and_clocks():
-    result = run_pyvmm(guest("sleep"))
+def test_sleep_poll_timeouts_and_clocks(cpl):
+    result = run_pyvmm(f"--cpl={cpl}", guest("sleep"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
 
 
-def test_small_memory_is_enough_for_hello():
-    result = run_pyvmm("--mem=4", guest("hello"))
+def test_small_memory_is_enough_for_hello(cpl):
+    result = run_pyvmm(f"--cpl={cpl}", "--mem=4", guest("hello"))
     assert result.returncode == 0, result.stderr
 
 
-def test_block_read_write_verify(disk):
-    result = run_pyvmm(f"--block:storage={disk}", guest("blocktest"))
+def test_block_read_write_verify(cpl, disk):
+    result = run_pyvmm(f"--cpl={cpl}", f"--block:storage={disk}", guest("blocktest"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
     assert disk.read_bytes() != bytes(1 << 20)  # the guest really wrote the file
 
 
-def test_block_with_4k_sectors(disk):
+def test_block_with_4k_sectors(cpl, disk):
     result = run_pyvmm(
-        f"--block:storage={disk}", "--block-sector-size:storage=4096", guest("blocktest")
+        f"--cpl={cpl}",
+        f"--block:storage={disk}",
+        "--block-sector-size:storage=4096",
+        guest("blocktest"),
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
+
+
+def test_hello_reports_the_level_it_runs_at(cpl):
+    result = run_pyvmm(f"--cpl={cpl}", guest("hello"))
+    assert result.returncode == 0, result.stderr
+    assert f"cpl: {cpl}" in result.stdout.splitlines()

@@ -7,7 +7,9 @@ import pytest
 
 from conftest import guest, run_pyvmm
 
-pytestmark = pytest.mark.kvm
+# Every guest runs at both privilege levels: 0 as solo5-hvt runs it, 3 in
+# pyvmm's user-mode profile (the guests declare they can).
+pytestmark = [pytest.mark.kvm, pytest.mark.parametrize("cpl", ["0", "3"])]
 
 
 def assert_stopped(result, *words: str) -> None:
@@ -21,17 +23,17 @@ def assert_stopped(result, *words: str) -> None:
         assert word in lines[0]
 
 
-def test_write_to_own_text_is_stopped():
-    assert_stopped(run_pyvmm(guest("fault_wtext")), "read-only")
+def test_write_to_own_text_is_stopped(cpl):
+    assert_stopped(run_pyvmm(f"--cpl={cpl}", guest("fault_wtext")), "read-only")
 
 
-def test_execute_data_is_stopped():
-    assert_stopped(run_pyvmm(guest("fault_xdata")), "non-executable")
+def test_execute_data_is_stopped(cpl):
+    assert_stopped(run_pyvmm(f"--cpl={cpl}", guest("fault_xdata")), "non-executable")
 
 
-def test_read_page_zero_is_stopped():
-    assert_stopped(run_pyvmm(guest("fault_zeropage")))
+def test_read_page_zero_is_stopped(cpl):
+    assert_stopped(run_pyvmm(f"--cpl={cpl}", guest("fault_zeropage")))
 
 
-def test_bad_hypercall_pointer_is_stopped():
-    assert_stopped(run_pyvmm(guest("fault_badptr")), "outside guest memory")
+def test_bad_hypercall_pointer_is_stopped(cpl):
+    assert_stopped(run_pyvmm(f"--cpl={cpl}", guest("fault_badptr")), "outside guest memory")

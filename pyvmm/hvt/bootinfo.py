@@ -44,7 +44,9 @@ class BootInfo:
 
     def write(self, memory: GuestMemory) -> int:
         """Place everything in guest memory; returns the boot info GPA."""
-        mft_gpa = _align8(BOOT_INFO_GPA + ffi.sizeof("struct hvt_boot_info"))
+        # The manifest copy follows pyvmm's boot extension slot (present or
+        # not), so the extension has a fixed address guests can rely on.
+        mft_gpa = _align8(lib.PYVMM_BOOT_EXT_GPA + ffi.sizeof("struct pyvmm_boot_ext"))
         cmdline_gpa = _align8(mft_gpa + len(self.manifest))
         memory.write(mft_gpa, self.manifest)
         memory.write(cmdline_gpa, self.cmdline + b"\0")

@@ -1,0 +1,413 @@
+/* The shmstream IO thread: see iothread.h and docs/modes.md. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "iothread.h"
+#include "shmstream_ring.h"
+
+struct io_port {
+    int fd;
+    struct shm_ring *rx;
+    struct shm_ring *tx;
+    uint32_t slots;
+    uint32_t rx_prod;   /* trusted copies of the indices the host owns */
+    uint32_t tx_cons;
+    struct shm_counters c;
+};
+
+struct iothread {
+    int mode;
+    uint32_t budget_us;
+    int cpu;
+    int kick_fd;
+    int wake_fd;
+    int stop_fd;
+    int epfd;
+    int nports;
+    int started;
+    volatile int stop;
+    pthread_t thread;
+    uint64_t final_cpu_ns;
+    struct io_stats stats;
+    struct io_port port[SHM_MAX_DEVICES];
+    /* Where frames that cannot be delivered are read to be dropped. */
+    uint8_t scratch[65536];
+};
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void notify(int fd)
+{
+    uint64_t one = 1;
+    if (fd >= 0 && write(fd, &one, sizeof(one)) < 0) {
+        /* EAGAIN: the counter is already non-zero, the wake-up is pending. */
+    }
+}
+
+/* Guest -> tap: drain up to IO_BATCH frames of the TX ring. */
+static int service_tx(struct io_port *p)
+{
+    uint32_t avail = shm_cons_avail(p->tx, p->tx_cons, p->slots);
+    uint32_t i;
+
+    if (avail == SHM_BAD) {
+        p->c.tx_bad_index++;
+        return 0;
+    }
+    if (avail > IO_BATCH)
+        avail = IO_BATCH;
+    for (i = 0; i < avail; i++) {
+        struct shm_slot *s = shm_slot_at(p->tx, p->tx_cons + i, p->slots);
+        /* Read the guest's length once: it may change it under us. */
+        uint32_t len = __atomic_load_n(&s->len, __ATOMIC_RELAXED);
+        ssize_t n;
+
+        if (len == 0 || len > SHM_SLOT_DATA) {
+            p->c.tx_drops_bad_len++;
+            continue;
+        }
+        do
+            n = write(p->fd, s->data, len);
+        while (n < 0 && errno == EINTR);
+        if (n < 0) {
+            p->c.tx_drops_backend++;
+            continue;
+        }
+        p->c.tx_frames++;
+        p->c.tx_bytes += len;
+    }
+    if (avail) {
+        p->tx_cons += avail;
+        shm_cons_release(p->tx, p->tx_cons);
+    }
+    return (int)avail;
+}
+
+/* Read one frame from the tap and throw it away; 0 when none was waiting. */
+static int drop_one(struct iothread *io, struct io_port *p)
+{
+    ssize_t n = read(p->fd, io->scratch, sizeof(io->scratch));
+    return n >= 0;
+}
+
+/* Tap -> guest: fill up to IO_BATCH RX slots, publish once, notify once. */
+static int service_rx(struct iothread *io, struct io_port *p)
+{
+    int moved = 0, seen = 0;
+
+    while (seen < IO_BATCH) {
+        uint32_t space = shm_prod_space(p->rx, p->rx_prod, p->slots);
+        struct shm_slot *s;
+        struct iovec iov[2];
+        ssize_t n;
+
+        if (space == SHM_BAD || space == 0) {
+            /* Full (or a broken consumer index): drop, never block. */
+            if (!drop_one(io, p))
+                break;
+            if (space == SHM_BAD)
+                p->c.rx_bad_index++;
+            else
+                p->c.rx_drops_full++;
+            seen++;
+            continue;
+        }
+        s = shm_slot_at(p->rx, p->rx_prod, p->slots);
+        /* The second buffer only catches frames too large for a slot. */
+        iov[0].iov_base = s->data;
+        iov[0].iov_len = SHM_SLOT_DATA;
+        iov[1].iov_base = io->scratch;
+        iov[1].iov_len = sizeof(io->scratch);
+        n = readv(p->fd, iov, 2);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        seen++;
+        if (n > SHM_SLOT_DATA) {
+            p->c.rx_drops_oversize++;
+            continue;
+        }
+        __atomic_store_n(&s->len, (uint32_t)n, __ATOMIC_RELAXED);
+        p->rx_prod++;
+        p->c.rx_frames++;
+        p->c.rx_bytes += (uint64_t)n;
+        moved++;
+    }
+    if (moved) {
+        shm_prod_publish(p->rx, p->rx_prod);
+        if (shm_prod_needs_notify(p->rx)) {
+            notify(io->wake_fd);
+            p->c.notify_sent++;
+        } else {
+            p->c.notify_suppressed++;
+        }
+    }
+    return seen;
+}
+
+int io_service(struct iothread *io)
+{
+    int i, work = 0;
+    for (i = 0; i < io->nports; i++) {
+        work += service_tx(&io->port[i]);
+        work += service_rx(io, &io->port[i]);
+    }
+    return work;
+}
+
+/* Announce sleep on every TX ring; 0 if frames arrived meanwhile. */
+static int prepare_sleep(struct iothread *io)
+{
+    int i, ok = 1;
+    for (i = 0; i < io->nports; i++) {
+        struct io_port *p = &io->port[i];
+        if (!shm_cons_prepare_sleep(p->tx, p->tx_cons, p->slots))
+            ok = 0;
+    }
+    if (!ok)
+        for (i = 0; i < io->nports; i++)
+            shm_cons_awake(io->port[i].tx);
+    return ok;
+}
+
+static void sleep_until_event(struct iothread *io)
+{
+    struct epoll_event ev[SHM_MAX_DEVICES + 2];
+    uint64_t count;
+    int i, n;
+
+    io->stats.sleeps++;
+    do
+        n = epoll_wait(io->epfd, ev, SHM_MAX_DEVICES + 2, -1);
+    while (n < 0 && errno == EINTR && !io->stop);
+    io->stats.wakeups++;
+    for (i = 0; i < io->nports; i++)
+        shm_cons_awake(io->port[i].tx);
+    for (i = 0; i < n; i++)
+        if (ev[i].data.fd == io->kick_fd && read(io->kick_fd, &count, sizeof(count)) == 8)
+            io->stats.kicks += count;
+}
+
+static void run_poll(struct iothread *io)
+{
+    while (!io->stop) {
+        if (io_service(io))
+            io->stats.busy_passes++;
+        else {
+            io->stats.idle_spins++;
+            cpu_relax();
+        }
+    }
+}
+
+static void run_event(struct iothread *io)
+{
+    while (!io->stop) {
+        while (io_service(io))
+            io->stats.busy_passes++;
+        if (prepare_sleep(io))
+            sleep_until_event(io);
+    }
+}
+
+/*
+ * NAPI-like: sleep in epoll while idle; once woken, keep polling while work
+ * keeps arriving, and go back to sleep after budget_us without any.
+ */
+static void run_hybrid(struct iothread *io)
+{
+    uint64_t budget_ns = (uint64_t)io->budget_us * 1000u;
+    uint64_t last_work = now_ns();
+
+    while (!io->stop) {
+        if (io_service(io)) {
+            io->stats.busy_passes++;
+            last_work = now_ns();
+            continue;
+        }
+        if (now_ns() - last_work < budget_ns) {
+            io->stats.idle_spins++;
+            cpu_relax();
+            continue;
+        }
+        if (prepare_sleep(io))
+            sleep_until_event(io);
+        last_work = now_ns();
+    }
+}
+
+static void *io_main(void *arg)
+{
+    struct iothread *io = arg;
+
+    if (io->cpu >= 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(io->cpu, &set);
+        pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+    }
+    switch (io->mode) {
+    case IO_MODE_POLL:
+        run_poll(io);
+        break;
+    case IO_MODE_HYBRID:
+        run_hybrid(io);
+        break;
+    default:
+        run_event(io);
+        break;
+    }
+    io->final_cpu_ns = thread_cpu_ns();
+    return NULL;
+}
+
+struct iothread *io_create(int mode, uint32_t budget_us, int cpu, int kick_fd, int wake_fd)
+{
+    struct iothread *io = calloc(1, sizeof(*io));
+    if (!io)
+        return NULL;
+    io->mode = mode;
+    io->budget_us = budget_us;
+    io->cpu = cpu;
+    io->kick_fd = kick_fd;
+    io->wake_fd = wake_fd;
+    io->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    io->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (io->stop_fd < 0 || io->epfd < 0) {
+        io_destroy(io);
+        return NULL;
+    }
+    return io;
+}
+
+static int watch(struct iothread *io, int fd)
+{
+    struct epoll_event ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    return epoll_ctl(io->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
+}
+
+int io_add_port(struct iothread *io, int backend_fd, void *rx, void *tx, uint32_t slots)
+{
+    struct io_port *p;
+    int err;
+
+    if (io->started || io->nports >= SHM_MAX_DEVICES)
+        return -EBUSY;
+    if (slots == 0 || (slots & (slots - 1)) != 0)
+        return -EINVAL;
+    if ((err = watch(io, backend_fd)) < 0)
+        return err;
+    p = &io->port[io->nports];
+    memset(p, 0, sizeof(*p));
+    p->fd = backend_fd;
+    p->rx = rx;
+    p->tx = tx;
+    p->slots = slots;
+    /* Start from whatever the ring says, so a restart does not rewind. */
+    p->rx_prod = p->rx->prod;
+    p->tx_cons = p->tx->cons;
+    return io->nports++;
+}
+
+struct shm_counters *io_port_counters(struct iothread *io, int port)
+{
+    return port >= 0 && port < io->nports ? &io->port[port].c : NULL;
+}
+
+struct io_stats *io_thread_stats(struct iothread *io)
+{
+    return &io->stats;
+}
+
+int io_start(struct iothread *io)
+{
+    sigset_t all, old;
+    int err;
+
+    if (io->started)
+        return -EBUSY;
+    if ((err = watch(io, io->stop_fd)) < 0)
+        return err;
+    if (io->kick_fd >= 0 && (err = watch(io, io->kick_fd)) < 0)
+        return err;
+    /* Stop signals belong to the vCPU thread: the new thread inherits a
+     * mask that blocks everything. */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    err = pthread_create(&io->thread, NULL, io_main, io);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (err)
+        return -err;
+    io->started = 1;
+    return 0;
+}
+
+void io_stop(struct iothread *io)
+{
+    if (!io->started)
+        return;
+    io->stop = 1;
+    notify(io->stop_fd);
+    pthread_join(io->thread, NULL);
+    io->started = 0;
+}
+
+uint64_t io_cpu_ns(struct iothread *io)
+{
+    clockid_t clock;
+    struct timespec ts;
+
+    if (!io->started)
+        return io->final_cpu_ns;
+    if (pthread_getcpuclockid(io->thread, &clock) != 0 || clock_gettime(clock, &ts) != 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void io_destroy(struct iothread *io)
+{
+    if (!io)
+        return;
+    io_stop(io);
+    if (io->epfd >= 0)
+        close(io->epfd);
+    if (io->stop_fd >= 0)
+        close(io->stop_fd);
+    free(io);
+}

@@ -1,0 +1,77 @@
+/*
+ * The shmstream IO thread: a native pthread that owns the host side of
+ * every shmstream net device (its tap and its two rings) so that moving a
+ * frame never needs Python, the GIL or a VM exit.  Declarations are read by
+ * cffi (plain types, integer #defines only).
+ */
+#ifndef PYVMM_IOTHREAD_H
+#define PYVMM_IOTHREAD_H
+
+#include <stdint.h>
+
+#define IO_MODE_POLL 1
+#define IO_MODE_EVENT 2
+#define IO_MODE_HYBRID 3
+
+/* Frames moved per ring per pass before the other rings get a turn. */
+#define IO_BATCH 64
+
+/* Per device; written by the IO thread only, read by anyone. */
+struct shm_counters {
+    uint64_t rx_frames;          /* tap -> guest, delivered into the RX ring */
+    uint64_t rx_bytes;
+    uint64_t rx_drops_full;      /* RX ring full: frame read and dropped */
+    uint64_t rx_drops_oversize;  /* frame larger than a slot */
+    uint64_t rx_bad_index;       /* guest's RX cons impossible: ring treated as full */
+    uint64_t tx_frames;          /* guest -> tap */
+    uint64_t tx_bytes;
+    uint64_t tx_drops_bad_len;   /* slot length 0 or larger than a slot */
+    uint64_t tx_drops_backend;   /* tap refused the frame */
+    uint64_t tx_bad_index;       /* guest's TX prod impossible: ring ignored */
+    uint64_t notify_sent;        /* guest woken (its RX consumer slept) */
+    uint64_t notify_suppressed;  /* RX batches published without a wake-up */
+};
+
+/* Per thread. */
+struct io_stats {
+    uint64_t wakeups;            /* returns from epoll_wait */
+    uint64_t kicks;              /* guest TX notifications (ioeventfd count) */
+    uint64_t sleeps;             /* times the thread went to sleep */
+    uint64_t busy_passes;        /* passes over the rings that moved frames */
+    uint64_t idle_spins;         /* passes that found nothing (poll, hybrid) */
+};
+
+struct iothread;
+
+/*
+ * mode: IO_MODE_*; budget_us: hybrid only, how long to keep polling
+ * without work before sleeping again; cpu: pin to this CPU, or -1;
+ * kick_fd: eventfd signalled by guest TX kicks (KVM ioeventfd), or -1;
+ * wake_fd: eventfd to signal when a sleeping guest has new RX frames.
+ * Returns NULL on allocation failure.
+ */
+struct iothread *io_create(int mode, uint32_t budget_us, int cpu, int kick_fd, int wake_fd);
+
+/*
+ * A device: backend_fd is a non-blocking tap (any fd that reads and writes
+ * one frame per call will do); rx and tx are the rings' host addresses;
+ * slots a power of two.  Returns the port index or -errno.  Only before
+ * io_start.
+ */
+int io_add_port(struct iothread *io, int backend_fd, void *rx, void *tx, uint32_t slots);
+
+struct shm_counters *io_port_counters(struct iothread *io, int port);
+struct io_stats *io_thread_stats(struct iothread *io);
+
+/* Start the thread (stop signals blocked in it); 0 or -errno. */
+int io_start(struct iothread *io);
+/* Stop and join; safe to call twice or without a start. */
+void io_stop(struct iothread *io);
+/* CPU time the thread has used, in ns (its total once stopped). */
+uint64_t io_cpu_ns(struct iothread *io);
+void io_destroy(struct iothread *io);
+
+/* One pass over every ring on the calling thread (tests): frames moved. */
+int io_service(struct iothread *io);
+
+#endif

@@ -1,0 +1,70 @@
+"""The user-mode (CPL 3) profile: chosen automatically on PVM hosts for
+guests that declare it, never for unmodified Solo5 unikernels, and much
+faster than CPL 0 where KVM emulates level-0 code."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import guest, run_pyvmm
+from pyvmm.kvm.system import kvm_flavour
+from pyvmm.loader import load_kernel
+from pyvmm.vmm import choose_cpl
+
+pytestmark = pytest.mark.kvm
+
+
+def test_auto_picks_user_mode_on_pvm_for_declaring_guest():
+    result = run_pyvmm(guest("hello"))
+    expected = "3" if kvm_flavour() == "pvm" else "0"
+    assert f"cpl: {expected}" in result.stdout.splitlines()
+
+
+def test_choose_cpl_rules(tmp_path):
+    declaring = load_kernel(str(guest("hello")), "x86_64")
+    assert declaring.capabilities.user_mode
+    assert choose_cpl("auto", declaring, "pvm") == 3
+    assert choose_cpl("auto", declaring, "intel-vmx") == 0
+    assert choose_cpl("0", declaring, "pvm") == 0
+    assert choose_cpl("3", declaring, "intel-vmx") == 3
+
+
+def test_guest_without_note_never_gets_user_mode(tmp_path):
+    blob = bytearray(guest("hello").read_bytes())
+    owner = blob.index(b"pyvmm\0\0\0")
+    blob[owner : owner + 5] = b"other"  # the note is no longer pyvmm's
+    path = tmp_path / "plain.hvt"
+    path.write_bytes(bytes(blob))
+    kernel = load_kernel(str(path), "x86_64")
+    assert not kernel.capabilities.user_mode
+    assert choose_cpl("auto", kernel, "pvm") == 0
+    result = run_pyvmm(path)
+    assert result.returncode == 0 and "cpl: 0" in result.stdout.splitlines()
+    refused = run_pyvmm("--cpl=3", path)
+    assert refused.returncode == 1
+    assert "does not declare" in refused.stderr
+
+
+def test_bad_cpl_value():
+    result = run_pyvmm("--cpl=1", guest("hello"))
+    assert result.returncode == 1
+    assert result.stderr.strip() == "pyvmm: --cpl: '1' is not one of auto, 0, 3"
+
+
+def compute(cpl: str) -> tuple[str, int]:
+    result = run_pyvmm(f"--cpl={cpl}", guest("compute"), timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    checksum = re.search(r"^checksum: (0x[0-9a-f]+)$", result.stdout, re.M).group(1)
+    elapsed = int(re.search(r"^elapsed_us: (\d+)$", result.stdout, re.M).group(1))
+    return checksum, elapsed
+
+
+def test_user_mode_computes_the_same_and_much_faster_on_pvm():
+    sum0, time0 = compute("0")
+    sum3, time3 = compute("3")
+    assert sum0 == sum3
+    if kvm_flavour() == "pvm":
+        # Measured far more here (bench/cpl.py); assert only a generous ratio.
+        assert time0 > 20 * max(time3, 1), (time0, time3)
