@@ -25,10 +25,3 @@ void solo5_abort(void)
     rt_puts("pyvmm-rt: solo5_abort() called\n");
     rt_halt(SOLO5_EXIT_ABORT, NULL);
 }
-
-solo5_result_t solo5_set_tls_base(uintptr_t base)
-{
-    /* Would need wrmsr(FS_BASE) or wrfsbase: privileged or CPU-dependent. */
-    (void)base;
-    return SOLO5_R_EUNSPEC;
-}

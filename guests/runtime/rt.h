@@ -46,6 +46,12 @@ const struct hvt_boot_info *rt_boot_info(void);
 /* The host's filled-in manifest (mac, mtu, capacity, block_size, attached). */
 const struct mft *rt_manifest(void);
 
+/* The privilege level the guest runs at: 0 (kernel mode, as under stock
+ * solo5-hvt) or 3 (user mode, which pyvmm may choose because the runtime's
+ * capability note declares it; see caps_note.c).  Read from %cs, which is
+ * unprivileged. */
+int rt_cpl(void);
+
 /* Memory from the heap, aligned to (align) (a power of two), never freed.
  * The top RT_STACK_RESERVE bytes of the heap are left to the stack.
  * Returns NULL when the heap is exhausted. */

@@ -39,7 +39,9 @@ void solo5_exit(int status) __attribute__((noreturn));
 /* End the guest abnormally: exit status SOLO5_EXIT_ABORT. */
 void solo5_abort(void) __attribute__((noreturn));
 
-/* Thread-local storage base.  Not supported yet: returns SOLO5_R_EUNSPEC. */
+/* Thread-local storage base (x86_64: FS.base).  SOLO5_R_EINVAL for a
+ * non-canonical address; SOLO5_R_EUNSPEC in user mode (CPL 3) on a CPU
+ * without FSGSBASE. */
 solo5_result_t solo5_set_tls_base(uintptr_t base);
 
 /* Time in nanoseconds. */
