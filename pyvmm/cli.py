@@ -11,6 +11,7 @@ traceback.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 
@@ -33,6 +34,18 @@ Run a Solo5 hvt unikernel on KVM. Options (solo5-hvt compatible):
                                 native speed on PVM hosts) needs a guest that
                                 declares it; auto picks 3 for such a guest on
                                 a PVM host, else 0 (default auto)
+  --shm=off|poll|event|hybrid   shmstream ring networking for guests with a
+                                shmstream driver: the IO thread's mode
+                                (default event; off = plain hypercalls)
+  --hybrid-budget=US            hybrid mode: keep polling this many
+                                microseconds without work before sleeping
+                                (default 50)
+  --shm-slots=N                 slots per ring, a power of two (default 256)
+  --pin=vcpu=N,io=M             pin the vCPU thread and/or the IO thread
+                                to CPUs (also: --pin vcpu=N,io=M)
+  --stats                       print counters as JSON on stderr at exit
+                                (VM exits seen by pyvmm and by KVM,
+                                shmstream frames, drops, kicks, wake-ups)
   --help                        show this help
   --version, --host-info        show version and what this host's KVM provides
 Everything after KERNEL is the guest's command line.
@@ -46,6 +59,17 @@ def _positive_int(option: str, text: str) -> int:
     if not re.fullmatch(r"[0-9]+", text) or int(text) <= 0:
         raise UsageError(f"{option}: '{text}' is not a positive integer")
     return int(text)
+
+
+def _parse_pin(value: str, config: VmConfig) -> None:
+    cpus = os.sched_getaffinity(0)
+    for part in value.split(","):
+        thread, _, cpu = part.partition("=")
+        if thread not in ("vcpu", "io") or not cpu.isdigit():
+            raise UsageError(f"--pin: '{part}' is not vcpu=N or io=N")
+        if int(cpu) not in cpus:
+            raise UsageError(f"--pin: CPU {cpu} is not available (usable: {sorted(cpus)})")
+        setattr(config, f"pin_{thread}", int(cpu))
 
 
 def parse_args(argv: list[str]) -> VmConfig | str:
@@ -65,6 +89,29 @@ def parse_args(argv: list[str]) -> VmConfig | str:
             return "version"
         if arg.startswith("--mem="):
             config.mem_mib = _positive_int("--mem", arg[len("--mem=") :])
+        elif arg.startswith("--shm="):
+            value = arg[len("--shm="):]
+            if value not in ("off", "poll", "event", "hybrid"):
+                raise UsageError(f"--shm: '{value}' is not one of off, poll, event, hybrid")
+            config.shm = value
+        elif arg.startswith("--hybrid-budget="):
+            config.hybrid_budget_us = _positive_int("--hybrid-budget", arg.split("=", 1)[1])
+        elif arg.startswith("--shm-slots="):
+            slots = _positive_int("--shm-slots", arg.split("=", 1)[1])
+            if slots & (slots - 1) or not 2 <= slots <= 32768:
+                raise UsageError(f"--shm-slots: {slots} is not a power of two in [2, 32768]")
+            config.shm_slots = slots
+        elif arg == "--pin" or arg.startswith("--pin="):
+            if arg == "--pin":
+                i += 1
+                if i >= len(argv):
+                    raise UsageError("--pin: missing value (e.g. --pin vcpu=0,io=1)")
+                value = argv[i]
+            else:
+                value = arg[len("--pin="):]
+            _parse_pin(value, config)
+        elif arg == "--stats":
+            config.stats = True
         elif arg.startswith("--cpl="):
             value = arg[len("--cpl=") :]
             if value not in ("auto", "0", "3"):

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DEFAULT_MEM_MIB = 512
+# The IO thread mode when --shm is not given (docs/modes.md says why).
+DEFAULT_SHM_MODE = "event"
 
 
 @dataclass
@@ -21,3 +23,12 @@ class VmConfig:
     block_sector_sizes: dict[str, int] = field(default_factory=dict)
     # Privilege level of the guest: "auto", "0" or "3" (see vmm.choose_cpl).
     cpl: str = "auto"
+    # shmstream: None = auto (DEFAULT_SHM_MODE for guests that ask for it),
+    # "off", or an IO thread mode ("poll", "event", "hybrid").
+    shm: str | None = None
+    hybrid_budget_us: int | None = None
+    shm_slots: int = 256
+    pin_vcpu: int | None = None
+    pin_io: int | None = None
+    # Print counters (VM exits, KVM stats, shmstream) as JSON on stderr at exit.
+    stats: bool = False

@@ -92,6 +92,11 @@ class GuestMemory:
         self.check(gpa, ffi.sizeof(ctype), write=True, what=what)
         return ffi.cast(ctype + " *", self._base + gpa)
 
+    def pointer(self, gpa: int, length: int, *, what: str = "access"):
+        """A raw ``void *`` to [gpa, gpa+length), for C code (the IO thread)."""
+        self.check(gpa, length, write=True, what=what)
+        return ffi.cast("void *", self._base + gpa)
+
     def buffer(self, gpa: int, length: int, *, write: bool = False, what: str = "access"):
         """A zero-copy buffer over guest memory (for os.write, readv, preadv)."""
         self.check(gpa, length, write=write, what=what)

@@ -8,20 +8,26 @@ fault, signal, bug) releases all of it.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import sys
+import time
 from contextlib import ExitStack
+from dataclasses import replace
 
 from pyvmm._native import lib
 from pyvmm.arch import x86_64
-from pyvmm.config import VmConfig
+from pyvmm.config import DEFAULT_SHM_MODE, VmConfig
 from pyvmm.devices.block import BlockDevice
 from pyvmm.devices.console import Console
 from pyvmm.devices.net.device import NetDevice
+from pyvmm.devices.net.shmstream import ShmLayout, ShmStream
 from pyvmm.devices.net.tap import TapBackend, parse_mac, random_mac
 from pyvmm.errors import DeviceError, GuestFault, HostError, PyvmmError, UsageError
 from pyvmm.hvt.bootinfo import BootInfo, join_cmdline
 from pyvmm.hvt.hypercalls import Halt, Hypercalls
+from pyvmm.iothread import DEFAULT_HYBRID_BUDGET_US, MODES, IoConfig
 from pyvmm.kvm import (
     FailEntry,
     Hlt,
@@ -34,6 +40,7 @@ from pyvmm.kvm import (
     Shutdown,
     System,
 )
+from pyvmm.kvm.stats import KvmStats
 from pyvmm.kvm.system import kvm_flavour
 from pyvmm.loader import (
     BlockAttachment,
@@ -168,7 +175,8 @@ class Vmm:
     def __init__(self, config: VmConfig) -> None:
         self.config = config
         self.stack = ExitStack()
-        self.counters = ExitCounters()
+        self.counters_ = ExitCounters()
+        self.elapsed = 0.0
         try:
             self._prepare()
         except BaseException:
@@ -180,8 +188,15 @@ class Vmm:
         mem_size = guest_memory_size(config.mem_mib)
         cmdline = join_cmdline(config.guest_args)
         kernel = load_kernel(config.kernel, platform.machine())
-        kernel.check_fits(mem_size)
         nets = check_devices(config, kernel)
+        self.shm_mode = choose_shm(config.shm, kernel, bool(nets))
+        layout = None
+        usable = mem_size
+        if self.shm_mode != "off":
+            handles = tuple(sorted(kernel.manifest.by_name(name).index for name in nets))
+            layout = ShmLayout.plan(mem_size, handles, config.shm_slots)
+            usable = layout.gpa
+        kernel.check_fits(usable)
         devices, attachments = open_devices(self.stack, config, kernel, nets)
 
         stack = self.stack
@@ -194,26 +209,48 @@ class Vmm:
         x86_64.setup_memory(self.memory, regions, self.cpl)
         place(kernel, self.memory)
         self.vcpu = self.vm.create_vcpu(0)
+        self.kvm_stats = KvmStats.open(self.vcpu.fd)
+        if self.kvm_stats is not None:
+            stack.callback(self.kvm_stats.close)
         tsc_hz = self.vcpu.tsc_khz() * 1000
-        boot_info = BootInfo(
-            mem_size=mem_size,
+        boot = BootInfo(
+            mem_size=usable,
             kernel_end=kernel.kernel_end,
             cpu_cycle_freq=tsc_hz,
             manifest=kernel.manifest.guest_copy(attachments),
             cmdline=cmdline,
-        ).write(self.memory)
+        )
+        self.shm = None
+        if layout is not None:
+            layout.write(self.memory)
+            io = IoConfig(
+                mode=self.shm_mode,
+                hybrid_budget_us=config.hybrid_budget_us or DEFAULT_HYBRID_BUDGET_US,
+                cpu=config.pin_io,
+            )
+            nets_by_handle = {h: d for h, d in devices.items() if isinstance(d, NetDevice)}
+            self.shm = ShmStream(self.memory, layout, nets_by_handle, io, self.vm)
+            stack.callback(self.shm.close)
+            boot = replace(
+                boot,
+                host_features=lib.PYVMM_FEATURE_BOOT_EXT,
+                shm_region=layout.gpa,
+                shm_size=layout.size,
+                shm_mode=MODES[self.shm_mode],
+            )
+        boot_info = boot.write(self.memory)
         x86_64.setup_vcpu(
             self.vcpu,
             self.system,
             entry=kernel.image.entry,
-            stack=mem_size - 8,
+            stack=usable - 8,
             boot_info=boot_info,
             cpl=self.cpl,
         )
         self.stop_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         stack.callback(os.close, self.stop_fd)
         self._register_null_kick()
-        self.hypercalls = Hypercalls(self.memory, Console(), devices, self.stop_fd)
+        self.hypercalls = Hypercalls(self.memory, Console(), devices, self.stop_fd, self.shm)
 
     def _register_null_kick(self) -> None:
         """Let guests measure a kick: KVM absorbs writes to this port."""
@@ -234,19 +271,40 @@ class Vmm:
 
     def run(self) -> int:
         """Run the guest to its end; returns the exit status for pyvmm."""
+        if self.config.pin_vcpu is not None:
+            # This thread is the vCPU thread: pid 0 pins the calling thread.
+            os.sched_setaffinity(0, {self.config.pin_vcpu})
         err = lib.pyvmm_signals_install(self.stop_fd, self.vcpu.run_area)
         if err:
             raise HostError(f"cannot install signal handlers: {os.strerror(-err)}")
+        self.started = time.monotonic()
         try:
+            if self.shm is not None:
+                self.shm.start()
             return self._loop()
         finally:
+            if self.shm is not None:
+                self.shm.stop()
             lib.pyvmm_signals_restore()
+            self.elapsed = time.monotonic() - self.started
+
+    def counters(self) -> dict:
+        """Everything pyvmm counts, for --stats and for benchmarks."""
+        out: dict = {
+            "cpl": self.cpl,
+            "exits_to_pyvmm": dict(self.counters_.by_reason),
+        }
+        if self.kvm_stats is not None:
+            out["kvm"] = self.kvm_stats.read()
+        if self.shm is not None:
+            out["shmstream"] = self.shm.counters()
+        return out
 
     def _loop(self) -> int:
         vcpu = self.vcpu
         table = self.hypercalls.table
         base = lib.HVT_HYPERCALL_PIO_BASE
-        count = self.counters.count
+        count = self.counters_.count
         while True:
             exit = vcpu.run()
             count(exit)
@@ -329,9 +387,34 @@ def explain_page_fault(memory: GuestMemory, rip: int, cr2: int) -> str:
     return "triple fault (unhandled exception)"
 
 
+def choose_shm(requested: str | None, kernel: Kernel, has_nets: bool) -> str:
+    """The shmstream mode for this guest, or "off".
+
+    Only a guest that declares a shmstream driver gets the region; asking
+    for a mode explicitly for a guest without one is an error, since the
+    user would silently measure the plain hypercall path otherwise.
+    """
+    if requested == "off" or not has_nets:
+        return "off"
+    if not kernel.capabilities.shmstream:
+        if requested is not None:
+            raise UsageError(
+                f"--shm={requested}: {kernel.path} has no shmstream driver "
+                "(its pyvmm capability note does not ask for it); use --shm=off"
+            )
+        return "off"
+    return requested or DEFAULT_SHM_MODE
+
+
 def run(config: VmConfig) -> int:
     with Vmm(config) as vmm:
-        return vmm.run()
+        try:
+            return vmm.run()
+        finally:
+            if config.stats:
+                report = vmm.counters()
+                report["seconds"] = round(vmm.elapsed, 6)
+                sys.stderr.write("pyvmm-stats: " + json.dumps(report, sort_keys=True) + "\n")
 
 
 __all__ = ["DeviceError", "Vmm", "VmConfig", "run"]

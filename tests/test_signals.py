@@ -48,3 +48,21 @@ def test_signal_stops_guest_and_releases_tap(sig):
         again.send_signal(signal.SIGTERM)
         again.communicate(timeout=10)
         assert again.returncode == 128 + signal.SIGTERM
+
+
+@pytest.mark.parametrize("cpl", ["0", "3"])
+def test_sigterm_stops_a_cpu_bound_guest(cpl):
+    """A guest that never exits to pyvmm is still stopped: the signal
+    interrupts KVM_RUN (or immediate_exit catches it just before)."""
+    vm = subprocess.Popen(
+        [sys.executable, "-m", "pyvmm", f"--cpl={cpl}", str(guest("spin"))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert vm.stdout.readline().strip() == "spinning"
+    vm.send_signal(signal.SIGTERM)
+    _, err = vm.communicate(timeout=10)
+    assert vm.returncode == 128 + signal.SIGTERM
+    assert err.strip() == "pyvmm: stopped by SIGTERM"

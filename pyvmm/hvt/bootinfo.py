@@ -41,6 +41,10 @@ class BootInfo:
     cmdline: bytes
     host_features: int = 0
     net_ring: int = 0
+    # pyvmm's boot extension (written when host_features says so).
+    shm_region: int = 0
+    shm_size: int = 0
+    shm_mode: int = 0
 
     def write(self, memory: GuestMemory) -> int:
         """Place everything in guest memory; returns the boot info GPA."""
@@ -50,6 +54,13 @@ class BootInfo:
         cmdline_gpa = _align8(mft_gpa + len(self.manifest))
         memory.write(mft_gpa, self.manifest)
         memory.write(cmdline_gpa, self.cmdline + b"\0")
+        if self.host_features & lib.PYVMM_FEATURE_BOOT_EXT:
+            ext = memory.struct("struct pyvmm_boot_ext", lib.PYVMM_BOOT_EXT_GPA)
+            ext.magic = lib.PYVMM_BOOT_EXT_MAGIC
+            ext.version = 1
+            ext.shm_region = self.shm_region
+            ext.shm_size = self.shm_size
+            ext.shm_mode = self.shm_mode
         info = memory.struct("struct hvt_boot_info", BOOT_INFO_GPA)
         info.mem_size = self.mem_size
         info.kernel_end = self.kernel_end

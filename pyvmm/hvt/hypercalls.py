@@ -17,6 +17,7 @@ from pyvmm._native import ffi, lib
 from pyvmm.devices.block import BlockDevice
 from pyvmm.devices.console import Console
 from pyvmm.devices.net.device import NetDevice
+from pyvmm.devices.net.shmstream import ShmStream
 from pyvmm.errors import GuestFault
 from pyvmm.memory import GuestMemory
 
@@ -41,15 +42,21 @@ class Hypercalls:
         console: Console,
         devices: dict[int, NetDevice | BlockDevice],
         stop_fd: int,
+        shm: ShmStream | None = None,
     ) -> None:
         self.memory = memory
         self.console = console
         self.devices = devices
         self.nets = {h: d for h, d in devices.items() if isinstance(d, NetDevice)}
         self.stop_fd = stop_fd
-        # Poll set: the stop eventfd first, then every net device by handle.
-        self._poll_handles = list(self.nets)
-        fds = [stop_fd] + [self.nets[h].fileno() for h in self._poll_handles]
+        self.shm = shm
+        # Poll set: the stop eventfd, the shmstream wake eventfd, then every
+        # net device that the IO thread does not own, by handle.
+        served = set(shm.layout.handles) if shm else set()
+        self._poll_handles = [h for h in self.nets if h not in served]
+        first = [stop_fd, shm.wake_fd] if shm else [stop_fd]
+        self._poll_first = len(first)
+        fds = first + [self.nets[h].fileno() for h in self._poll_handles]
         self._poll_fds = ffi.new("int[]", fds)
         self._poll_nfds = len(fds)
         self.table: dict[int, Callable[[int], None]] = {
@@ -74,11 +81,21 @@ class Hypercalls:
     def poll(self, gpa: int) -> None:
         arg = self.memory.struct("struct hvt_hc_poll", gpa, what="poll hypercall")
         timeout = min(arg.timeout_nsecs, (1 << 63) - 1)
+        shm = self.shm
+        ready = 0
+        if shm is not None:
+            # Drain stale wake-ups first, then look: a frame published after
+            # this look signals wake_fd again, so the wait below sees it.
+            shm.drain_wake()
+            ready = shm.ready_set()
+            if ready:
+                timeout = 0
         mask = lib.pyvmm_wait_readable(self._poll_fds, self._poll_nfds, timeout)
         if mask < 0 and mask != -4:  # -EINTR: a stop signal, seen by the run loop
             raise GuestFault(f"poll hypercall: wait failed: {os.strerror(-mask)}")
-        ready = 0
-        for bit, handle in enumerate(self._poll_handles, start=1):
+        if shm is not None:
+            ready |= shm.ready_set()
+        for bit, handle in enumerate(self._poll_handles, start=self._poll_first):
             if mask > 0 and mask & (1 << bit):
                 ready |= 1 << handle
         arg.ready_set = ready

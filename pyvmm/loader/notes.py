@@ -111,6 +111,10 @@ class Capabilities:
     def user_mode(self) -> bool:
         return bool(self.flags & lib.PYVMM_CAP_USER_MODE)
 
+    @property
+    def shmstream(self) -> bool:
+        return bool(self.flags & lib.PYVMM_CAP_SHMSTREAM)
+
 
 def read_capabilities(image: ElfImage) -> Capabilities:
     """The pyvmm capability note; absent means none (every Solo5 unikernel)."""

@@ -1,0 +1,157 @@
+"""The shmstream device set: the shared region, its rings, the IO thread.
+
+Every net device of a guest that asks for shmstream (pyvmm's CAP1 note,
+``PYVMM_CAP_SHMSTREAM``) gets an RX and a TX ring in one region at the top
+of guest memory; the guest's usable memory (``boot_info.mem_size``) ends
+below it, so ``--mem`` stays the total. The region header tells the guest
+where each device's rings are; the host never reads it back.
+Layout and protocol: csrc/shmstream.h, docs/abi.md, docs/modes.md.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+from pyvmm._native import ffi, lib
+from pyvmm.devices.net.device import NetDevice
+from pyvmm.errors import UsageError
+from pyvmm.iothread import IoConfig, IoThread
+from pyvmm.memory import MIB, PAGE_SIZE, GuestMemory
+
+REGION_ALIGN = 2 * MIB
+MAX_FRAME = lib.SHM_SLOT_DATA
+
+
+def _page_align(value: int) -> int:
+    return -(-value // PAGE_SIZE) * PAGE_SIZE
+
+
+@dataclass(frozen=True)
+class ShmLayout:
+    """Where the region and each device's rings live (guest addresses)."""
+
+    gpa: int
+    size: int
+    slots: int
+    ring_size: int
+    handles: tuple[int, ...]
+
+    @staticmethod
+    def plan(mem_size: int, handles: tuple[int, ...], slots: int) -> ShmLayout:
+        if len(handles) > lib.SHM_MAX_DEVICES:
+            raise UsageError(f"shmstream serves at most {lib.SHM_MAX_DEVICES} net devices")
+        ring_size = _page_align(
+            ffi.sizeof("struct shm_ring") + slots * ffi.sizeof("struct shm_slot")
+        )
+        used = lib.SHM_REGION_HEADER_SIZE + 2 * ring_size * len(handles)
+        size = -(-used // REGION_ALIGN) * REGION_ALIGN
+        if size >= mem_size:
+            raise UsageError(
+                f"--mem={mem_size // MIB} is too small for the shmstream region ({size // MIB} MiB)"
+            )
+        return ShmLayout(mem_size - size, size, slots, ring_size, handles)
+
+    def rings(self, i: int) -> tuple[int, int]:
+        """GPAs of device i's RX and TX rings."""
+        rx = self.gpa + lib.SHM_REGION_HEADER_SIZE + 2 * i * self.ring_size
+        return rx, rx + self.ring_size
+
+    def write(self, memory: GuestMemory) -> None:
+        """The region header and each ring's info line, for the guest."""
+        region = memory.struct("struct shm_region", self.gpa, what="shmstream region")
+        region.magic = lib.SHM_MAGIC
+        region.version = lib.SHM_VERSION
+        region.ndevices = len(self.handles)
+        region.slots = self.slots
+        region.size = self.size
+        for i, handle in enumerate(self.handles):
+            rx, tx = self.rings(i)
+            region.dev[i].handle = handle
+            region.dev[i].rx = rx
+            region.dev[i].tx = tx
+            for gpa in (rx, tx):
+                ring = memory.struct("struct shm_ring", gpa, what="shmstream ring")
+                ring.slots = self.slots
+                ring.slot_size = lib.SHM_SLOT_SIZE
+
+
+class ShmStream:
+    """The IO thread serving every net device of one guest through rings."""
+
+    def __init__(
+        self,
+        memory: GuestMemory,
+        layout: ShmLayout,
+        nets: dict[int, NetDevice],
+        config: IoConfig,
+        vm,
+    ) -> None:
+        self.layout = layout
+        self.config = config
+        self.nets = nets
+        self._stack = ExitStack()
+        try:
+            # Guest kicks (TX) land in kick_fd inside KVM, without an exit.
+            self.kick_fd = self._eventfd()
+            vm.add_ioeventfd(self.kick_fd, lib.SHM_KICK_PIO, 4, pio=True)
+            # The IO thread wakes the vCPU blocked in the poll hypercall.
+            self.wake_fd = self._eventfd()
+            self.io = IoThread(config, self.kick_fd, self.wake_fd)
+            self._stack.callback(self.io.close)
+            self._rx: dict[int, object] = {}
+            for i, handle in enumerate(layout.handles):
+                device = nets[handle]
+                if device.max_frame > MAX_FRAME:
+                    raise UsageError(
+                        f"net device '{device.name}': tap MTU {device.mtu} is too large for "
+                        f"shmstream slots (at most {MAX_FRAME - 14})"
+                    )
+                rx_gpa, tx_gpa = layout.rings(i)
+                rx = memory.pointer(rx_gpa, layout.ring_size, what="shmstream ring")
+                tx = memory.pointer(tx_gpa, layout.ring_size, what="shmstream ring")
+                self.io.add_port(device.fileno(), rx, tx, layout.slots)
+                self._rx[handle] = ffi.cast("struct shm_ring *", rx)
+        except BaseException:
+            self._stack.close()
+            raise
+
+    def _eventfd(self) -> int:
+        fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self._stack.callback(os.close, fd)
+        return fd
+
+    def start(self) -> None:
+        self.io.start()
+
+    def stop(self) -> None:
+        self.io.stop()
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def ready_set(self) -> int:
+        """Handles whose RX ring holds frames the guest has not consumed.
+
+        Read-only and validated like everything the guest writes: an
+        impossible ``cons`` just counts as "ready", so the guest looks.
+        """
+        ready = 0
+        for handle, ring in self._rx.items():
+            if (ring.prod - ring.cons) & 0xFFFFFFFF:
+                ready |= 1 << handle
+        return ready
+
+    def drain_wake(self) -> None:
+        try:
+            os.eventfd_read(self.wake_fd)
+        except BlockingIOError:
+            pass
+
+    def counters(self) -> dict:
+        devices = {
+            self.nets[handle].name: self.io.port_counters(i)
+            for i, handle in enumerate(self.layout.handles)
+        }
+        return {"mode": self.config.mode, "thread": self.io.thread_counters(), "devices": devices}

@@ -1,0 +1,73 @@
+"""Control of the native IO thread (csrc/iothread.c): modes, start/stop, stats.
+
+The thread itself is C: it owns the taps of every shmstream device and moves
+frames between them and the rings without the GIL. Python only creates it,
+starts it before the guest runs, stops it on every exit path and reads its
+counters.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from pyvmm._native import ffi, lib
+from pyvmm.errors import HostError
+
+MODES = {"poll": lib.IO_MODE_POLL, "event": lib.IO_MODE_EVENT, "hybrid": lib.IO_MODE_HYBRID}
+# Hybrid mode keeps polling this long without work before sleeping again
+# (bench/pps.py measures the choice; docs/modes.md).
+DEFAULT_HYBRID_BUDGET_US = 50
+
+PORT_COUNTERS = [name for name, _ in ffi.typeof("struct shm_counters").fields]
+THREAD_COUNTERS = [name for name, _ in ffi.typeof("struct io_stats").fields]
+
+
+@dataclass(frozen=True)
+class IoConfig:
+    mode: str = "event"
+    hybrid_budget_us: int = DEFAULT_HYBRID_BUDGET_US
+    cpu: int | None = None
+
+
+class IoThread:
+    """One native IO thread; ``close()`` stops it and frees it, idempotently."""
+
+    def __init__(self, config: IoConfig, kick_fd: int, wake_fd: int) -> None:
+        self.config = config
+        cpu = -1 if config.cpu is None else config.cpu
+        self._io = lib.io_create(MODES[config.mode], config.hybrid_budget_us, cpu, kick_fd, wake_fd)
+        if self._io == ffi.NULL:
+            raise HostError("cannot create the IO thread: out of memory or file descriptors")
+        self.ports = 0
+
+    def add_port(self, backend_fd: int, rx, tx, slots: int) -> int:
+        port = lib.io_add_port(self._io, backend_fd, rx, tx, slots)
+        if port < 0:
+            raise HostError(f"IO thread: cannot add a device: {os.strerror(-port)}")
+        self.ports += 1
+        return port
+
+    def start(self) -> None:
+        err = lib.io_start(self._io)
+        if err:
+            raise HostError(f"cannot start the IO thread: {os.strerror(-err)}")
+
+    def stop(self) -> None:
+        if self._io != ffi.NULL:
+            lib.io_stop(self._io)
+
+    def close(self) -> None:
+        if self._io != ffi.NULL:
+            lib.io_destroy(self._io)
+            self._io = ffi.NULL
+
+    def port_counters(self, port: int) -> dict[str, int]:
+        c = lib.io_port_counters(self._io, port)
+        return {name: getattr(c, name) for name in PORT_COUNTERS}
+
+    def thread_counters(self) -> dict[str, int]:
+        s = lib.io_thread_stats(self._io)
+        counters = {name: getattr(s, name) for name in THREAD_COUNTERS}
+        counters["cpu_ns"] = lib.io_cpu_ns(self._io)
+        return counters
