@@ -23,8 +23,9 @@ SHARED_HEADERS = (
     "native.h",
     "iothread.h",
     "shm_testing.h",
+    "traffic.h",
 )
-SOURCES = ("native.c", "iothread.c", "shm_testing.c")
+SOURCES = ("native.c", "iothread.c", "shm_testing.c", "traffic.c")
 
 _DEFINE = re.compile(r"^#define\s+\w+\s+(0x[0-9a-fA-F]+|\d+)\s*$")
 

@@ -21,4 +21,46 @@ void *shm_test_slot(void *ring, uint32_t index, uint32_t slots);
 /* Bytes needed for one ring of `slots` slots. */
 uint64_t shm_test_ring_size(uint32_t slots);
 
+/*
+ * Two-thread stress of one ring: a producer pthread and a consumer pthread
+ * move `frames` frames through a private ring of `slots` slots whose indices
+ * start at `start_index` (pick one near 2^32 to cross the wrap).  Each frame
+ * carries its sequence number and a checksum of its payload; lengths vary
+ * from 16 bytes to SHM_SLOT_DATA.  The producer publishes batches of 1 to
+ * `max_batch` frames, the consumer releases batches of 1 to `max_batch`.
+ * Flags:
+ *   SHM_STRESS_DROP_WHEN_FULL     the producer drops (and counts) a frame
+ *                                 when the ring is full instead of waiting;
+ *   SHM_STRESS_SLEEPING_CONSUMER  an empty ring makes the consumer run the
+ *                                 sleep-flag handshake and block on an
+ *                                 eventfd the producer signals when
+ *                                 shm_prod_needs_notify says so.
+ * consumer_spin: pause instructions per consumed frame (a slow consumer).
+ * timeout_ms bounds the run: on expiry both threads stop and timed_out is 1.
+ * Returns 0, or -errno for bad arguments or resource failures.
+ */
+#define SHM_STRESS_DROP_WHEN_FULL 1
+#define SHM_STRESS_SLEEPING_CONSUMER 2
+
+struct shm_stress_result {
+    uint64_t sent;          /* frames the producer handled (published or dropped) */
+    uint64_t delivered;     /* frames the consumer received intact */
+    uint64_t dropped;       /* frames the producer dropped on a full ring */
+    uint64_t gaps;          /* sequence numbers the consumer never saw */
+    uint64_t out_of_order;  /* frames whose number did not increase: duplicate or reordered */
+    uint64_t bad_length;    /* frames whose length does not match their number */
+    uint64_t bad_checksum;  /* frames whose payload does not match their checksum */
+    uint64_t bad_index;     /* SHM_BAD returned to either side */
+    uint64_t sleeps;        /* consumer: prepare_sleep returned 1 */
+    uint64_t notifies;      /* producer: needs_notify returned 1 */
+    uint64_t lost_wakeups;  /* sleeps that frames waiting for over 1 s did not end */
+    uint64_t timed_out;
+    uint64_t last_seq;      /* last sequence number the consumer received */
+    uint64_t elapsed_ns;
+};
+
+int shm_test_stress(uint32_t slots, uint64_t frames, uint32_t start_index, uint32_t max_batch,
+                    uint32_t flags, uint32_t consumer_spin, uint32_t timeout_ms,
+                    struct shm_stress_result *out);
+
 #endif

@@ -177,6 +177,7 @@ class Vmm:
         self.stack = ExitStack()
         self.counters_ = ExitCounters()
         self.elapsed = 0.0
+        self.vcpu_cpu_ns = 0
         try:
             self._prepare()
         except BaseException:
@@ -278,6 +279,7 @@ class Vmm:
         if err:
             raise HostError(f"cannot install signal handlers: {os.strerror(-err)}")
         self.started = time.monotonic()
+        cpu_start = time.thread_time_ns()
         try:
             if self.shm is not None:
                 self.shm.start()
@@ -287,12 +289,14 @@ class Vmm:
                 self.shm.stop()
             lib.pyvmm_signals_restore()
             self.elapsed = time.monotonic() - self.started
+            self.vcpu_cpu_ns = time.thread_time_ns() - cpu_start
 
     def counters(self) -> dict:
         """Everything pyvmm counts, for --stats and for benchmarks."""
         out: dict = {
             "cpl": self.cpl,
             "exits_to_pyvmm": dict(self.counters_.by_reason),
+            "vcpu_thread_cpu_ns": self.vcpu_cpu_ns,
         }
         if self.kvm_stats is not None:
             out["kvm"] = self.kvm_stats.read()
