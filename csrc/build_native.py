@@ -20,6 +20,7 @@ SHARED_HEADERS = (
     "hvt_abi.h",
     "pyvmm_abi.h",
     "shmstream.h",
+    "solo5_ring.h",
     "native.h",
     "iothread.h",
     "shm_testing.h",

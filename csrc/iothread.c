@@ -12,8 +12,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "hvt_abi.h"
 #include "iothread.h"
 #include "shmstream_ring.h"
+#include "solo5_ring.h"
+
+#define SOLO5_MAX_HANDLES 64
 
 struct io_port {
     int fd;
@@ -23,6 +27,16 @@ struct io_port {
     uint32_t rx_prod;   /* trusted copies of the indices the host owns */
     uint32_t tx_cons;
     struct shm_counters c;
+};
+
+struct solo5_port {
+    struct solo5_ring *ring;
+    uint8_t *mem;
+    uint64_t mem_size;
+    int fd[SOLO5_MAX_HANDLES];
+    uint32_t ent_head;   /* trusted copies of the host-owned indices */
+    uint32_t com_tail;
+    struct solo5_ring_counters c;
 };
 
 struct iothread {
@@ -40,6 +54,7 @@ struct iothread {
     uint64_t final_cpu_ns;
     struct io_stats stats;
     struct io_port port[SHM_MAX_DEVICES];
+    struct solo5_port s5;
     /* Where frames that cannot be delivered are read to be dropped. */
     uint8_t scratch[65536];
 };
@@ -178,6 +193,97 @@ static int service_rx(struct iothread *io, struct io_port *p)
     return seen;
 }
 
+/* The guest buffer [gpa, gpa + len) as a host pointer, or NULL. */
+static uint8_t *solo5_buffer(struct solo5_port *sp, uint64_t gpa, uint32_t len)
+{
+    if (len == 0 || gpa >= sp->mem_size || len > sp->mem_size - gpa)
+        return NULL;
+    return sp->mem + gpa;
+}
+
+/*
+ * Solo5's ring: take submissions in order; writes go to the tap, reads are
+ * answered at once with a commit (a frame or AGAIN), as the guest spins
+ * for it.  Everything in an entry is copied once before it is checked.
+ */
+static int service_solo5(struct solo5_port *sp)
+{
+    struct solo5_ring *r = sp->ring;
+    uint32_t avail = shm_load_acquire(&r->ent_tail) - sp->ent_head;
+    uint32_t committed = 0;
+    int done = 0;
+
+    if (avail > SOLO5_RING_ENTRIES) {
+        sp->c.bad_index++;
+        return 0;
+    }
+    while (avail-- && done < IO_BATCH) {
+        struct solo5_ring_entry e;
+        uint8_t *buf;
+        int fd;
+
+        memcpy(&e, (const void *)&r->ent[sp->ent_head % SOLO5_RING_ENTRIES], sizeof(e));
+        if (e.operation == SOLO5_RING_OP_READ) {
+            uint32_t used = sp->com_tail - shm_load_acquire(&r->com_head);
+            if (used > SOLO5_RING_ENTRIES) {
+                sp->c.bad_index++;
+                break;
+            }
+            if (used == SOLO5_RING_ENTRIES) {
+                sp->c.commit_stalls++;
+                break;
+            }
+        }
+        fd = e.handle < SOLO5_MAX_HANDLES ? sp->fd[e.handle] : -1;
+        buf = solo5_buffer(sp, e.data, e.len);
+        if (e.operation == SOLO5_RING_OP_WRITE) {
+            if (fd < 0 || !buf) {
+                sp->c.bad_entries++;
+            } else if (write(fd, buf, e.len) >= 0) {
+                sp->c.writes++;
+                sp->c.write_bytes += e.len;
+            }
+        } else if (e.operation == SOLO5_RING_OP_READ) {
+            struct solo5_ring_commit *c = &r->com[sp->com_tail % SOLO5_RING_ENTRIES];
+            int32_t ret = HVT_RET_EINVAL;
+            uint32_t len = 0;
+            if (fd >= 0 && buf) {
+                /* A read into a page the guest may not write fails with
+                 * EFAULT in the kernel: the host is never at risk. */
+                ssize_t n = read(fd, buf, e.len);
+                if (n >= 0) {
+                    ret = HVT_RET_OK;
+                    len = (uint32_t)n;
+                    sp->c.reads++;
+                    sp->c.read_bytes += (uint64_t)n;
+                } else if (errno == EAGAIN) {
+                    ret = HVT_RET_AGAIN;
+                    sp->c.reads_again++;
+                } else {
+                    ret = HVT_RET_EUNSPEC;
+                }
+            } else {
+                sp->c.bad_entries++;
+            }
+            c->id = e.id;
+            c->ret = ret;
+            c->len = len;
+            c->reserved = 0;
+            sp->com_tail++;
+            committed++;
+        } else {
+            sp->c.bad_entries++;
+        }
+        sp->ent_head++;
+        done++;
+    }
+    if (done)
+        shm_store_release(&r->ent_head, sp->ent_head);
+    if (committed)
+        shm_store_release(&r->com_tail, sp->com_tail);
+    return done;
+}
+
 int io_service(struct iothread *io)
 {
     int i, work = 0;
@@ -185,7 +291,19 @@ int io_service(struct iothread *io)
         work += service_tx(&io->port[i]);
         work += service_rx(io, &io->port[i]);
     }
+    if (io->s5.ring)
+        work += service_solo5(&io->s5);
     return work;
+}
+
+/* Awake: guests need not kick. */
+static void wake_all(struct iothread *io)
+{
+    int i;
+    for (i = 0; i < io->nports; i++)
+        shm_cons_awake(io->port[i].tx);
+    if (io->s5.ring)
+        __atomic_store_n(&io->s5.ring->needs_kick, 0, __ATOMIC_RELAXED);
 }
 
 /* Announce sleep on every TX ring; 0 if frames arrived meanwhile. */
@@ -197,9 +315,15 @@ static int prepare_sleep(struct iothread *io)
         if (!shm_cons_prepare_sleep(p->tx, p->tx_cons, p->slots))
             ok = 0;
     }
+    if (io->s5.ring) {
+        struct solo5_ring *r = io->s5.ring;
+        __atomic_store_n(&r->needs_kick, 1, __ATOMIC_RELAXED);
+        shm_full_fence();
+        if (shm_load_acquire(&r->ent_tail) != io->s5.ent_head)
+            ok = 0;
+    }
     if (!ok)
-        for (i = 0; i < io->nports; i++)
-            shm_cons_awake(io->port[i].tx);
+        wake_all(io);
     return ok;
 }
 
@@ -214,8 +338,7 @@ static void sleep_until_event(struct iothread *io)
         n = epoll_wait(io->epfd, ev, SHM_MAX_DEVICES + 2, -1);
     while (n < 0 && errno == EINTR && !io->stop);
     io->stats.wakeups++;
-    for (i = 0; i < io->nports; i++)
-        shm_cons_awake(io->port[i].tx);
+    wake_all(io);
     for (i = 0; i < n; i++)
         if (ev[i].data.fd == io->kick_fd && read(io->kick_fd, &count, sizeof(count)) == 8)
             io->stats.kicks += count;
@@ -343,6 +466,34 @@ int io_add_port(struct iothread *io, int backend_fd, void *rx, void *tx, uint32_
     p->rx_prod = p->rx->prod;
     p->tx_cons = p->tx->cons;
     return io->nports++;
+}
+
+int io_set_solo5_ring(struct iothread *io, void *ring, void *mem, uint64_t mem_size)
+{
+    int i;
+    if (io->started)
+        return -EBUSY;
+    io->s5.ring = ring;
+    io->s5.mem = mem;
+    io->s5.mem_size = mem_size;
+    for (i = 0; i < SOLO5_MAX_HANDLES; i++)
+        io->s5.fd[i] = -1;
+    io->s5.ent_head = io->s5.ring->ent_head;
+    io->s5.com_tail = io->s5.ring->com_tail;
+    return 0;
+}
+
+int io_solo5_attach(struct iothread *io, uint32_t handle, int backend_fd)
+{
+    if (io->started || !io->s5.ring || handle >= SOLO5_MAX_HANDLES)
+        return -EINVAL;
+    io->s5.fd[handle] = backend_fd;
+    return 0;
+}
+
+struct solo5_ring_counters *io_solo5_counters(struct iothread *io)
+{
+    return &io->s5.c;
 }
 
 struct shm_counters *io_port_counters(struct iothread *io, int port)

@@ -32,6 +32,18 @@ struct shm_counters {
     uint64_t notify_suppressed;  /* RX batches published without a wake-up */
 };
 
+/* Solo5's ring (solo5_ring.h); written by the IO thread only. */
+struct solo5_ring_counters {
+    uint64_t writes;             /* frames sent to a tap */
+    uint64_t write_bytes;
+    uint64_t reads;              /* frames read into guest buffers */
+    uint64_t read_bytes;
+    uint64_t reads_again;        /* read submitted, no frame waiting */
+    uint64_t bad_entries;        /* bad operation, handle, address or length */
+    uint64_t bad_index;          /* guest's ent_tail or com_head impossible */
+    uint64_t commit_stalls;      /* commit ring full: submissions wait */
+};
+
 /* Per thread. */
 struct io_stats {
     uint64_t wakeups;            /* returns from epoll_wait */
@@ -61,6 +73,16 @@ struct iothread *io_create(int mode, uint32_t budget_us, int cpu, int kick_fd, i
 int io_add_port(struct iothread *io, int backend_fd, void *rx, void *tx, uint32_t slots);
 
 struct shm_counters *io_port_counters(struct iothread *io, int port);
+
+/*
+ * Serve Solo5's ring at host address `ring` too.  Guest addresses in its
+ * entries are checked against [0, mem_size) and translated with `mem`, the
+ * host address of guest memory.  Only before io_start; 0 or -errno.
+ */
+int io_set_solo5_ring(struct iothread *io, void *ring, void *mem, uint64_t mem_size);
+/* The tap for manifest handle `handle` (< 64) of the Solo5 ring. */
+int io_solo5_attach(struct iothread *io, uint32_t handle, int backend_fd);
+struct solo5_ring_counters *io_solo5_counters(struct iothread *io);
 struct io_stats *io_thread_stats(struct iothread *io);
 
 /* Start the thread (stop signals blocked in it); 0 or -errno. */

@@ -120,6 +120,24 @@ static uint64_t fnv1a(const uint8_t *p, uint32_t n)
     return h;
 }
 
+/* Frame `seq` into buf: number, checksum, pseudo-random payload; its length. */
+static uint32_t stress_build(uint64_t seq, uint8_t *buf)
+{
+    uint32_t len = stress_len(seq), j;
+    uint64_t x = splitmix(seq * 31 + 7), sum;
+
+    for (j = STRESS_HEADER; j < len; j++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        buf[j] = (uint8_t)x;
+    }
+    sum = fnv1a(buf + STRESS_HEADER, len - STRESS_HEADER);
+    memcpy(buf, &seq, 8);
+    memcpy(buf + 8, &sum, 8);
+    return len;
+}
+
 /* Give up the CPU now and then while waiting; report the time limit. */
 static int stress_wait(struct stress *s, uint32_t *spins)
 {
@@ -149,6 +167,7 @@ static void *stress_producer(void *arg)
     struct shm_ring *r = s->ring;
     uint32_t prod = s->start, spins = 0;
     uint64_t seq = 0;
+    uint8_t scratch[SHM_SLOT_DATA];
     int drop = s->flags & SHM_STRESS_DROP_WHEN_FULL;
     int sleeping = s->flags & SHM_STRESS_SLEEPING_CONSUMER;
 
@@ -162,6 +181,8 @@ static void *stress_producer(void *arg)
         }
         if (space == 0) {
             if (drop) {
+                /* The frame arrived anyway: building it costs the same. */
+                stress_build(seq, scratch);
                 s->pr.dropped++;
                 s->pr.sent++;
                 seq++;
@@ -178,19 +199,7 @@ static void *stress_producer(void *arg)
             n = (uint32_t)(s->frames - seq);
         for (i = 0; i < n; i++, seq++, prod++) {
             struct shm_slot *slot = shm_slot_at(r, prod, s->slots);
-            uint32_t len = stress_len(seq), j;
-            uint64_t x = splitmix(seq * 31 + 7), sum;
-
-            for (j = STRESS_HEADER; j < len; j++) {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                slot->data[j] = (uint8_t)x;
-            }
-            sum = fnv1a(slot->data + STRESS_HEADER, len - STRESS_HEADER);
-            memcpy(slot->data, &seq, 8);
-            memcpy(slot->data + 8, &sum, 8);
-            slot->len = len;
+            slot->len = stress_build(seq, slot->data);
         }
         s->pr.sent += n;
         shm_prod_publish(r, prod);

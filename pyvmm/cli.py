@@ -40,6 +40,8 @@ Run a Solo5 hvt unikernel on KVM. Options (solo5-hvt compatible):
   --hybrid-budget=US            hybrid mode: keep polling this many
                                 microseconds without work before sleeping
                                 (default 50)
+  --no-net-ring                 do not offer Solo5's ring I/O to Solo5 v0.11+
+                                unikernels (as solo5-hvt's option)
   --shm-slots=N                 slots per ring, a power of two (default 256)
   --pin=vcpu=N,io=M             pin the vCPU thread and/or the IO thread
                                 to CPUs (also: --pin vcpu=N,io=M)
@@ -90,7 +92,7 @@ def parse_args(argv: list[str]) -> VmConfig | str:
         if arg.startswith("--mem="):
             config.mem_mib = _positive_int("--mem", arg[len("--mem=") :])
         elif arg.startswith("--shm="):
-            value = arg[len("--shm="):]
+            value = arg[len("--shm=") :]
             if value not in ("off", "poll", "event", "hybrid"):
                 raise UsageError(f"--shm: '{value}' is not one of off, poll, event, hybrid")
             config.shm = value
@@ -108,8 +110,10 @@ def parse_args(argv: list[str]) -> VmConfig | str:
                     raise UsageError("--pin: missing value (e.g. --pin vcpu=0,io=1)")
                 value = argv[i]
             else:
-                value = arg[len("--pin="):]
+                value = arg[len("--pin=") :]
             _parse_pin(value, config)
+        elif arg == "--no-net-ring":
+            config.no_net_ring = True
         elif arg == "--stats":
             config.stats = True
         elif arg.startswith("--cpl="):

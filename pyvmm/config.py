@@ -28,6 +28,8 @@ class VmConfig:
     shm: str | None = None
     hybrid_budget_us: int | None = None
     shm_slots: int = 256
+    # Do not offer Solo5's own ring I/O (solo5-hvt's --no-net-ring).
+    no_net_ring: bool = False
     pin_vcpu: int | None = None
     pin_io: int | None = None
     # Print counters (VM exits, KVM stats, shmstream) as JSON on stderr at exit.

@@ -21,6 +21,7 @@ DEFAULT_HYBRID_BUDGET_US = 50
 
 PORT_COUNTERS = [name for name, _ in ffi.typeof("struct shm_counters").fields]
 THREAD_COUNTERS = [name for name, _ in ffi.typeof("struct io_stats").fields]
+SOLO5_COUNTERS = [name for name, _ in ffi.typeof("struct solo5_ring_counters").fields]
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,21 @@ class IoThread:
             raise HostError(f"IO thread: cannot add a device: {os.strerror(-port)}")
         self.ports += 1
         return port
+
+    def serve_solo5_ring(self, ring, memory_base, memory_size: int) -> None:
+        """Also serve Solo5's ring at ``ring`` (guest addresses < memory_size)."""
+        err = lib.io_set_solo5_ring(self._io, ring, memory_base, memory_size)
+        if err:
+            raise HostError(f"IO thread: cannot serve the Solo5 ring: {os.strerror(-err)}")
+
+    def attach_solo5(self, handle: int, backend_fd: int) -> None:
+        err = lib.io_solo5_attach(self._io, handle, backend_fd)
+        if err:
+            raise HostError(f"IO thread: cannot attach handle {handle}: {os.strerror(-err)}")
+
+    def solo5_counters(self) -> dict[str, int]:
+        c = lib.io_solo5_counters(self._io)
+        return {name: getattr(c, name) for name in SOLO5_COUNTERS}
 
     def start(self) -> None:
         err = lib.io_start(self._io)

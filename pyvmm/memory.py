@@ -92,9 +92,13 @@ class GuestMemory:
         self.check(gpa, ffi.sizeof(ctype), write=True, what=what)
         return ffi.cast(ctype + " *", self._base + gpa)
 
-    def pointer(self, gpa: int, length: int, *, what: str = "access"):
-        """A raw ``void *`` to [gpa, gpa+length), for C code (the IO thread)."""
-        self.check(gpa, length, write=True, what=what)
+    def pointer(self, gpa: int, length: int, *, write: bool = True, what: str = "access"):
+        """A raw ``void *`` to [gpa, gpa+length), for C code (the IO thread).
+
+        ``write=False`` is for C code that only makes the kernel write there
+        (read(2) into a read-only page fails with EFAULT, harmlessly).
+        """
+        self.check(gpa, length, write=write, what=what)
         return ffi.cast("void *", self._base + gpa)
 
     def buffer(self, gpa: int, length: int, *, write: bool = False, what: str = "access"):

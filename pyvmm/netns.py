@@ -42,7 +42,6 @@ CLONE_NEWNET = 0x40000000
 TERM_GRACE = 2.0
 
 
-
 def _setns(fd: int) -> None:
     """Move the calling thread into the network namespace open at ``fd``."""
     code = -lib.pyvmm_setns(fd, CLONE_NEWNET)

@@ -23,6 +23,7 @@ from pyvmm.devices.block import BlockDevice
 from pyvmm.devices.console import Console
 from pyvmm.devices.net.device import NetDevice
 from pyvmm.devices.net.shmstream import ShmLayout, ShmStream
+from pyvmm.devices.net.solo5_ring import RING_AREA, Solo5RingService
 from pyvmm.devices.net.tap import TapBackend, parse_mac, random_mac
 from pyvmm.errors import DeviceError, GuestFault, HostError, PyvmmError, UsageError
 from pyvmm.hvt.bootinfo import BootInfo, join_cmdline
@@ -197,6 +198,13 @@ class Vmm:
             handles = tuple(sorted(kernel.manifest.by_name(name).index for name in nets))
             layout = ShmLayout.plan(mem_size, handles, config.shm_slots)
             usable = layout.gpa
+        ring_gpa = None
+        if self.shm_mode == "off" and nets and config.shm != "off" and not config.no_net_ring:
+            # Solo5's own ring, for ring-capable Solo5 unikernels.
+            if usable <= RING_AREA:
+                raise UsageError(f"--mem={config.mem_mib} is too small for the Solo5 net ring")
+            usable -= RING_AREA
+            ring_gpa = usable
         kernel.check_fits(usable)
         devices, attachments = open_devices(self.stack, config, kernel, nets)
 
@@ -222,15 +230,23 @@ class Vmm:
             cmdline=cmdline,
         )
         self.shm = None
+        self.net_service: ShmStream | Solo5RingService | None = None
+        io = IoConfig(
+            mode=config.shm if config.shm not in (None, "off") else DEFAULT_SHM_MODE,
+            hybrid_budget_us=config.hybrid_budget_us or DEFAULT_HYBRID_BUDGET_US,
+            cpu=config.pin_io,
+        )
+        nets_by_handle = {h: d for h, d in devices.items() if isinstance(d, NetDevice)}
+        if ring_gpa is not None:
+            self.net_service = Solo5RingService(
+                self.memory, ring_gpa, usable, nets_by_handle, io, self.vm
+            )
+            stack.callback(self.net_service.close)
+            boot = replace(boot, host_features=lib.HVT_FEATURE_RING_IO, net_ring=ring_gpa)
         if layout is not None:
             layout.write(self.memory)
-            io = IoConfig(
-                mode=self.shm_mode,
-                hybrid_budget_us=config.hybrid_budget_us or DEFAULT_HYBRID_BUDGET_US,
-                cpu=config.pin_io,
-            )
-            nets_by_handle = {h: d for h, d in devices.items() if isinstance(d, NetDevice)}
             self.shm = ShmStream(self.memory, layout, nets_by_handle, io, self.vm)
+            self.net_service = self.shm
             stack.callback(self.shm.close)
             boot = replace(
                 boot,
@@ -281,12 +297,12 @@ class Vmm:
         self.started = time.monotonic()
         cpu_start = time.thread_time_ns()
         try:
-            if self.shm is not None:
-                self.shm.start()
+            if self.net_service is not None:
+                self.net_service.start()
             return self._loop()
         finally:
-            if self.shm is not None:
-                self.shm.stop()
+            if self.net_service is not None:
+                self.net_service.stop()
             lib.pyvmm_signals_restore()
             self.elapsed = time.monotonic() - self.started
             self.vcpu_cpu_ns = time.thread_time_ns() - cpu_start
@@ -302,6 +318,8 @@ class Vmm:
             out["kvm"] = self.kvm_stats.read()
         if self.shm is not None:
             out["shmstream"] = self.shm.counters()
+        elif self.net_service is not None:
+            out["solo5_ring"] = self.net_service.counters()
         return out
 
     def _loop(self) -> int:

@@ -84,6 +84,7 @@ _DRVINFO_BUS = slice(100, 132)
 # so do we, so that no guest-supplied frame can fail the hypercall.
 _DROP_ERRNOS = frozenset({errno.EAGAIN, errno.ENOBUFS, errno.EIO, errno.EINVAL})
 
+
 class TapBackend:
     """An attached, non-blocking tap fd (``IFF_TAP | IFF_NO_PI``) and its facts.
 

@@ -1,0 +1,68 @@
+"""Solo5's own ring I/O (v0.11+), served by pyvmm's native IO thread.
+
+Unmodified ring-capable Solo5 unikernels see ``HVT_FEATURE_RING_IO`` in
+``host_features`` and a ring at ``boot_info.net_ring``, at the top of guest
+memory (the usable memory shrinks by a 2 MiB area), as under solo5-hvt.
+Their kicks (``outl`` to 0x600) land in a KVM ioeventfd; the IO thread
+answers submissions: writes go to the tap, reads are committed at once.
+``--no-net-ring`` turns it off. Layout: csrc/solo5_ring.h; docs/abi.md.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import ExitStack
+
+from pyvmm._native import ffi, lib
+from pyvmm.devices.net.device import NetDevice
+from pyvmm.iothread import IoConfig, IoThread
+from pyvmm.memory import MIB, GuestMemory
+
+RING_AREA = 2 * MIB
+
+
+class Solo5RingService:
+    """The ring at ``gpa``; guest buffers must lie below ``usable``."""
+
+    def __init__(
+        self,
+        memory: GuestMemory,
+        gpa: int,
+        usable: int,
+        nets: dict[int, NetDevice],
+        config: IoConfig,
+        vm,
+    ) -> None:
+        self.gpa = gpa
+        self.config = config
+        self._stack = ExitStack()
+        try:
+            self.kick_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            self._stack.callback(os.close, self.kick_fd)
+            vm.add_ioeventfd(self.kick_fd, lib.HVT_RING_KICK_PIO, 4, pio=True)
+            # No host-to-guest notification: the guest spins for its commits.
+            self.io = IoThread(config, self.kick_fd, -1)
+            self._stack.callback(self.io.close)
+            ring = memory.pointer(gpa, ffi.sizeof("struct solo5_ring"), what="Solo5 ring")
+            self.io.serve_solo5_ring(ring, memory.pointer(0, usable, write=False), usable)
+            for handle, device in nets.items():
+                self.io.attach_solo5(handle, device.fileno())
+        except BaseException:
+            self._stack.close()
+            raise
+
+    def start(self) -> None:
+        self.io.start()
+
+    def stop(self) -> None:
+        self.io.stop()
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def counters(self) -> dict:
+        return {
+            "mode": self.config.mode,
+            "thread": self.io.thread_counters(),
+            "ring": self.io.solo5_counters(),
+        }
