@@ -1,13 +1,19 @@
 /*
  * pyvmm's capability note: this guest runs correctly at privilege level 3
  * (user mode), so pyvmm may start it there (natively fast on kvm_pvm hosts,
- * where CPL 0 code is emulated).  Owner "pyvmm" (namesz 6, padded to 8),
+ * where CPL 0 code is emulated), and it has a shmstream driver (net_shm.c),
+ * so pyvmm may serve its net devices through shared-memory rings instead of
+ * a hypercall per frame (a program without net devices gets no region; one
+ * that gets none, e.g. under --shm=off or stock solo5-hvt, uses the
+ * hypercalls).  Owner "pyvmm" (namesz 6, padded to 8),
  * type PYVMM_NOTE_CAPS, descriptor struct pyvmm_caps right after the 20-byte
  * header.  Stock solo5-hvt ignores notes it does not know.  Linked into every
  * program as an object (not from the library), like the ABI note.
  *
- * What makes the claim true: the runtime uses only unprivileged instructions
- * except where guarded by rt_cpl() == 0 (exit.c: wrmsr for the TLS base).
+ * What makes the claims true: the runtime uses only unprivileged instructions
+ * except where guarded by rt_cpl() == 0 (tls.c: wrmsr for the TLS base); and
+ * net.c picks the shmstream back end for every acquired net device that the
+ * (validated) region lists, the hypercall back end otherwise.
  */
 #include "manifest.h"
 #include "pyvmm_abi.h"
@@ -36,6 +42,6 @@ const struct rt_caps_note pyvmm_caps_note = {
     },
     .caps = {
         .version = PYVMM_CAPS_VERSION,
-        .flags = PYVMM_CAP_USER_MODE,
+        .flags = PYVMM_CAP_USER_MODE | PYVMM_CAP_SHMSTREAM,
     },
 };

@@ -2,6 +2,13 @@
 #include "hypercall.h"
 #include "rt_internal.h"
 
+static void (*exit_hook)(void);
+
+void rt_set_exit_hook(void (*fn)(void))
+{
+    exit_hook = fn;
+}
+
 void rt_halt(int status, void *cookie)
 {
     volatile struct hvt_hc_halt h = {
@@ -17,6 +24,8 @@ void rt_halt(int status, void *cookie)
 
 void solo5_exit(int status)
 {
+    if (exit_hook != NULL)
+        exit_hook();
     rt_halt(status, NULL);
 }
 

@@ -1,4 +1,7 @@
-/* Net driver over the net_write / net_read hypercalls: one exit per frame. */
+/*
+ * Net driver over the net_write / net_read hypercalls: one exit per frame.
+ * Queueing is sending (there is nothing to batch), so there is no flush.
+ */
 #include "hypercall.h"
 #include "rt_internal.h"
 
@@ -36,6 +39,11 @@ static solo5_result_t hvt_net_read(solo5_handle_t h, uint8_t *buf, size_t size,
 
 const struct rt_net_driver rt_net_hvt_driver = {
     .name = "hvt-hypercall",
+    .shm = 0,
     .write = hvt_net_write,
     .read = hvt_net_read,
+    .queue = hvt_net_write,
+    .flush = NULL,
+    .tx_wait = NULL,
+    .stats = NULL,
 };

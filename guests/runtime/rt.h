@@ -58,4 +58,51 @@ int rt_cpl(void);
 #define RT_STACK_RESERVE (256 * 1024)
 void *rt_alloc(size_t size, size_t align);
 
+/*
+ * Networking beyond Solo5 (net.c).  Each acquired net device has one of two
+ * back ends, chosen when it is acquired: shmstream (pyvmm offered its
+ * shared-memory rings for the device: frames are copied into and out of
+ * ring slots without a VM exit) or the hvt hypercalls (one exit per frame:
+ * stock solo5-hvt, pyvmm --shm=off, or a region that failed validation).
+ * The Solo5 calls work the same on both; these add batching.
+ */
+
+/* 1 if device (h) uses the shmstream rings, 0 for the hypercall path (or an
+ * unknown handle). */
+int pyvmm_net_shm_active(solo5_handle_t h);
+
+/* Put one frame (same limits as solo5_net_write) into the next TX slot and
+ * make it visible to the host, without notifying it: call pyvmm_net_flush
+ * after a batch.  SOLO5_R_AGAIN if the TX ring is full (flush, then retry,
+ * or use solo5_net_write, which waits for space); SOLO5_R_EINVAL for a bad
+ * handle or size (0 bytes, more than mtu + 14).  On the hypercall path this
+ * is solo5_net_write. */
+solo5_result_t pyvmm_net_queue(solo5_handle_t h, const uint8_t *buf,
+        size_t size);
+
+/* Notify the host of frames queued since the last flush, if it needs it:
+ * one 4-byte outl to SHM_KICK_PIO, only when the host's IO thread announced
+ * that it sleeps (event/hybrid modes); KVM absorbs it (ioeventfd), so no
+ * exit to the tender.  A no-op on the hypercall path. */
+void pyvmm_net_flush(solo5_handle_t h);
+
+/* Flush, then wait (up to 1 s) until the host has taken every frame queued
+ * on device (h): call it before exiting, since frames still in the TX ring
+ * when the guest halts may never be sent.  SOLO5_R_OK once they are all
+ * taken (at once on the hypercall path), SOLO5_R_AGAIN after the timeout,
+ * SOLO5_R_EINVAL for a bad handle. */
+solo5_result_t pyvmm_net_tx_wait(solo5_handle_t h);
+
+/* What the back end of device (h) counted (all 0 on the hypercall path). */
+struct pyvmm_net_stats {
+    uint64_t rx_frames;        /* frames taken from the RX ring */
+    uint64_t tx_frames;        /* frames put into the TX ring */
+    uint64_t kicks;            /* flushes that notified the host */
+    uint64_t kicks_suppressed; /* flushes with news that found it awake */
+    uint64_t tx_ring_full;     /* times the TX ring was found full */
+    uint64_t rx_dropped;       /* RX slots with a bad length, skipped */
+    uint64_t bad_index;        /* impossible host index seen (host broken) */
+};
+void pyvmm_net_stats(solo5_handle_t h, struct pyvmm_net_stats *out);
+
 #endif

@@ -27,19 +27,31 @@ void rt_heap_init(uintptr_t start, uintptr_t end);
 
 /* exit.c: halt hypercall with an optional abort cookie. */
 void rt_halt(int status, void *cookie) __attribute__((noreturn));
+/* exit.c: run (fn) in solo5_exit before halting (not in solo5_abort); the
+ * shmstream driver waits there until the host has sent every queued frame. */
+void rt_set_exit_hook(void (*fn)(void));
 
 /*
  * Device drivers.  The Solo5 net and block calls check the handle and the
  * arguments, then go through one of these, so a driver that does not use a
- * hypercall per frame (a shared-memory ring) can replace the hypercall one
+ * hypercall per frame (the shmstream rings) can replace the hypercall one
  * for a device without touching the API code.  A driver's calls receive
- * checked arguments: a valid, acquired handle of the right type.
+ * checked arguments: a valid, attached handle of the right type and a size
+ * within the device's limits.
  */
 struct rt_net_driver {
     const char *name;
+    int shm;               /* 1: frames go through shared-memory rings */
+    /* solo5_net_write: send one frame now (waiting briefly for space). */
     solo5_result_t (*write)(solo5_handle_t h, const uint8_t *buf, size_t size);
     solo5_result_t (*read)(solo5_handle_t h, uint8_t *buf, size_t size,
             size_t *read_size);
+    /* pyvmm_net_queue / _flush / _tx_wait / _stats; all but queue may be
+     * NULL (nothing to do). */
+    solo5_result_t (*queue)(solo5_handle_t h, const uint8_t *buf, size_t size);
+    void (*flush)(solo5_handle_t h);
+    solo5_result_t (*tx_wait)(solo5_handle_t h);
+    void (*stats)(solo5_handle_t h, struct pyvmm_net_stats *out);
 };
 
 struct rt_block_driver {
@@ -55,5 +67,35 @@ extern const struct rt_block_driver rt_block_hvt_driver; /* block_hvt.c */
 
 /* Choose the driver for one net device (default: rt_net_hvt_driver). */
 void rt_net_set_driver(solo5_handle_t h, const struct rt_net_driver *drv);
+
+/*
+ * net_shm.c: called by solo5_net_acquire for every net device acquired.
+ * Validates pyvmm's shmstream region (once) and returns its driver if the
+ * region serves device (h), else NULL (the hypercall driver is used).
+ */
+const struct rt_net_driver *rt_net_shm_probe(solo5_handle_t h,
+        const struct mft_entry *e);
+
+/*
+ * yield.c: a net back end whose input solo5_yield cannot learn from the
+ * poll hypercall alone (frames already sitting in memory) registers these.
+ * With none registered solo5_yield is the plain poll hypercall.
+ */
+struct rt_yield_ops {
+    /* Handles with input waiting, found without an exit. */
+    solo5_handle_set_t (*ready)(void);
+    /* About to block in the poll hypercall: tell the producers.  0 if
+     * input arrived meanwhile (then nothing stays announced). */
+    int (*prepare_sleep)(void);
+    /* Back from the poll hypercall. */
+    void (*awake)(void);
+    /* The handles whose readiness ready() decides; bits of the hypercall's
+     * ready_set for them are ignored. */
+    solo5_handle_set_t served;
+    /* Acquired net devices not served: with none, a yield to a deadline
+     * already passed needs no hypercall at all. */
+    solo5_handle_set_t others;
+};
+void rt_yield_set_ops(const struct rt_yield_ops *ops);
 
 #endif
