@@ -50,6 +50,7 @@ struct iothread {
     int nports;
     int started;
     volatile int stop;
+    int wake_armed;     /* 1: the vCPU waits for (or will check) wake_fd */
     pthread_t thread;
     uint64_t final_cpu_ns;
     struct io_stats stats;
@@ -129,11 +130,49 @@ static int service_tx(struct io_port *p)
     return (int)avail;
 }
 
-/* Read one frame from the tap and throw it away; 0 when none was waiting. */
-static int drop_one(struct iothread *io, struct io_port *p)
+/* Publish what was filled since the last publish; wake the guest at most
+ * once per batch, only if it sleeps and no wake-up is already pending. */
+static void publish_rx(struct iothread *io, struct io_port *p)
+{
+    shm_prod_publish(p->rx, p->rx_prod);
+    if (shm_prod_needs_notify(p->rx) && __atomic_exchange_n(&io->wake_armed, 0, __ATOMIC_ACQ_REL)) {
+        notify(io->wake_fd);
+        p->c.notify_sent++;
+    } else {
+        p->c.notify_suppressed++;
+    }
+}
+
+/*
+ * A frame is waiting but the ring looked full (or the guest's index is
+ * impossible).  Read it first, then look again: the guest may have freed a
+ * slot meanwhile, and only a frame that still finds no room is dropped.
+ * Returns 1 if a frame was consumed from the backend, 0 if none waited.
+ */
+static int rx_when_full(struct iothread *io, struct io_port *p)
 {
     ssize_t n = read(p->fd, io->scratch, sizeof(io->scratch));
-    return n >= 0;
+    uint32_t space;
+
+    if (n <= 0)
+        return 0;
+    space = shm_prod_space(p->rx, p->rx_prod, p->slots);
+    if (space == SHM_BAD) {
+        p->c.rx_bad_index++;
+    } else if (space == 0) {
+        p->c.rx_drops_full++;
+    } else if (n > SHM_SLOT_DATA) {
+        p->c.rx_drops_oversize++;
+    } else {
+        struct shm_slot *s = shm_slot_at(p->rx, p->rx_prod, p->slots);
+        memcpy(s->data, io->scratch, (size_t)n);
+        __atomic_store_n(&s->len, (uint32_t)n, __ATOMIC_RELAXED);
+        p->rx_prod++;
+        p->c.rx_frames++;
+        p->c.rx_bytes += (uint64_t)n;
+        return 2;
+    }
+    return 1;
 }
 
 /* Tap -> guest: fill up to IO_BATCH RX slots, publish once, notify once. */
@@ -148,14 +187,11 @@ static int service_rx(struct iothread *io, struct io_port *p)
         ssize_t n;
 
         if (space == SHM_BAD || space == 0) {
-            /* Full (or a broken consumer index): drop, never block. */
-            if (!drop_one(io, p))
+            int r = rx_when_full(io, p);
+            if (!r)
                 break;
-            if (space == SHM_BAD)
-                p->c.rx_bad_index++;
-            else
-                p->c.rx_drops_full++;
             seen++;
+            moved += r == 2;
             continue;
         }
         s = shm_slot_at(p->rx, p->rx_prod, p->slots);
@@ -165,11 +201,12 @@ static int service_rx(struct iothread *io, struct io_port *p)
         iov[1].iov_base = io->scratch;
         iov[1].iov_len = sizeof(io->scratch);
         n = readv(p->fd, iov, 2);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
+        if (n < 0 && errno == EINTR)
+            continue;
+        /* Nothing waiting, an error, or 0 bytes (an empty datagram or a
+         * backend at end of file): no frame for the guest. */
+        if (n <= 0)
             break;
-        }
         seen++;
         if (n > SHM_SLOT_DATA) {
             p->c.rx_drops_oversize++;
@@ -181,15 +218,8 @@ static int service_rx(struct iothread *io, struct io_port *p)
         p->c.rx_bytes += (uint64_t)n;
         moved++;
     }
-    if (moved) {
-        shm_prod_publish(p->rx, p->rx_prod);
-        if (shm_prod_needs_notify(p->rx)) {
-            notify(io->wake_fd);
-            p->c.notify_sent++;
-        } else {
-            p->c.notify_suppressed++;
-        }
-    }
+    if (moved)
+        publish_rx(io, p);
     return seen;
 }
 
@@ -284,6 +314,11 @@ static int service_solo5(struct solo5_port *sp)
     return done;
 }
 
+void io_arm_wake(struct iothread *io)
+{
+    __atomic_store_n(&io->wake_armed, 1, __ATOMIC_SEQ_CST);
+}
+
 int io_service(struct iothread *io)
 {
     int i, work = 0;
@@ -339,9 +374,14 @@ static void sleep_until_event(struct iothread *io)
     while (n < 0 && errno == EINTR && !io->stop);
     io->stats.wakeups++;
     wake_all(io);
-    for (i = 0; i < n; i++)
-        if (ev[i].data.fd == io->kick_fd && read(io->kick_fd, &count, sizeof(count)) == 8)
+    for (i = 0; i < n; i++) {
+        int fd = ev[i].data.fd;
+        if (fd == io->kick_fd && read(io->kick_fd, &count, sizeof(count)) == 8)
             io->stats.kicks += count;
+        else if (fd != io->stop_fd && fd != io->kick_fd && (ev[i].events & (EPOLLHUP | EPOLLERR)))
+            /* A backend that hung up would wake us forever: stop watching it. */
+            epoll_ctl(io->epfd, EPOLL_CTL_DEL, fd, NULL);
+    }
 }
 
 static void run_poll(struct iothread *io)
@@ -359,7 +399,7 @@ static void run_poll(struct iothread *io)
 static void run_event(struct iothread *io)
 {
     while (!io->stop) {
-        while (io_service(io))
+        while (!io->stop && io_service(io))
             io->stats.busy_passes++;
         if (prepare_sleep(io))
             sleep_until_event(io);
@@ -392,6 +432,14 @@ static void run_hybrid(struct iothread *io)
     }
 }
 
+static void drain_tx(struct iothread *io)
+{
+    int i, rounds;
+    for (i = 0; i < io->nports; i++)
+        for (rounds = 0; rounds < 64 && service_tx(&io->port[i]); rounds++)
+            ;
+}
+
 static void *io_main(void *arg)
 {
     struct iothread *io = arg;
@@ -413,6 +461,8 @@ static void *io_main(void *arg)
         run_event(io);
         break;
     }
+    /* Frames the guest queued before it halted still go out. */
+    drain_tx(io);
     io->final_cpu_ns = thread_cpu_ns();
     return NULL;
 }
@@ -427,6 +477,7 @@ struct iothread *io_create(int mode, uint32_t budget_us, int cpu, int kick_fd, i
     io->cpu = cpu;
     io->kick_fd = kick_fd;
     io->wake_fd = wake_fd;
+    io->wake_armed = 1;
     io->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     io->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (io->stop_fd < 0 || io->epfd < 0) {

@@ -93,6 +93,14 @@ void io_stop(struct iothread *io);
 uint64_t io_cpu_ns(struct iothread *io);
 void io_destroy(struct iothread *io);
 
+/*
+ * The vCPU thread is about to look at the RX rings and then wait on
+ * wake_fd: allow one more wake-up.  The IO thread writes wake_fd at most
+ * once per arming, so a guest that sleeps through many RX batches costs
+ * one eventfd write, not one per batch.
+ */
+void io_arm_wake(struct iothread *io);
+
 /* One pass over every ring on the calling thread (tests): frames moved. */
 int io_service(struct iothread *io);
 

@@ -83,15 +83,21 @@ static inline void shm_cons_release(struct shm_ring *r, uint32_t cons)
 
 /*
  * Consumer about to sleep: announce it, then look once more.  Returns 1 if
- * the ring is still empty (sleep; the producer will notify), 0 if frames
- * arrived meanwhile (the flag is withdrawn; go on consuming).
+ * the ring is still empty or the producer's index is impossible (sleep; the
+ * producer will notify), 0 if frames arrived meanwhile (the flag is
+ * withdrawn; go on consuming).
  */
 static inline int shm_cons_prepare_sleep(struct shm_ring *r, uint32_t cons,
                                          uint32_t slots)
 {
+    uint32_t avail;
+
     __atomic_store_n(&r->cons_sleeping, 1, __ATOMIC_RELAXED);
     shm_full_fence();
-    if (shm_cons_avail(r, cons, slots) == 0)
+    avail = shm_cons_avail(r, cons, slots);
+    /* An impossible producer index gives nothing to consume either: sleep
+     * (a broken peer must not make its consumer spin). */
+    if (avail == 0 || avail == SHM_BAD)
         return 1;
     __atomic_store_n(&r->cons_sleeping, 0, __ATOMIC_RELAXED);
     return 0;

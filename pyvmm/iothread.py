@@ -64,6 +64,10 @@ class IoThread:
         c = lib.io_solo5_counters(self._io)
         return {name: getattr(c, name) for name in SOLO5_COUNTERS}
 
+    def arm_wake(self) -> None:
+        """Allow the next wake-up of a sleeping guest (see io_arm_wake)."""
+        lib.io_arm_wake(self._io)
+
     def start(self) -> None:
         err = lib.io_start(self._io)
         if err:

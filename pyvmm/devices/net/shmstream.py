@@ -144,6 +144,10 @@ class ShmStream:
         return ready
 
     def drain_wake(self) -> None:
+        """Re-arm the IO thread's wake-up and clear a stale one; the caller
+        looks at the rings afterwards, so nothing published after the
+        re-arm can be missed."""
+        self.io.arm_wake()
         try:
             os.eventfd_read(self.wake_fd)
         except BlockingIOError:
