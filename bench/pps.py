@@ -9,8 +9,10 @@ datagrams of --size payload bytes (C sendmmsg sender, pyvmm.traffic) for
 --seconds, and reports what the guest itself received and checked (frames
 with a bad payload pattern count as errors), the VM exits KVM counted
 (KVM_GET_STATS_FD) and those that reached pyvmm, the host-side drops, and
-the CPU time of the vCPU thread and the IO thread. Nothing leaves the
-namespace, which is removed afterwards.
+the CPU time of the vCPU thread and the IO thread (as % of the whole run,
+boot and idle timeout included). rx pps is the guest's own count over its
+first-to-last frame time; exit rates are over the sender's window. Nothing
+leaves the namespace, which is removed afterwards.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ def run_mode(mode: str, args) -> dict:
         ]
         if args.pin:
             argv += ["--pin", "vcpu=0,io=1" if mode != "off" else "vcpu=0"]
+        if args.slots:
+            argv += [f"--shm-slots={args.slots}"]
         argv += [str(GUEST), GUEST_IP, str(PORT), "0", str(args.idle_ms)]
         vm = ns.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         head = ""
@@ -92,6 +96,9 @@ def summarize(r: dict) -> dict:
     guest, stats, sent = r["guest"], r["stats"], r["sent"]
     frames = int(guest["frames"])
     elapsed = max(int(guest["elapsed_us"]), 1) / 1e6
+    # Rates over the traffic window (the sender's), not the whole run,
+    # which also holds boot and the guest's idle timeout.
+    window = max(sent["elapsed_s"], 1e-6)
     seconds = stats["seconds"]
     kvm_exits = stats.get("kvm", {}).get("exits", 0)
     to_pyvmm = sum(stats["exits_to_pyvmm"].values())
@@ -108,11 +115,13 @@ def summarize(r: dict) -> dict:
         "received": frames / elapsed,
         "frames": frames,
         "errors": int(guest["pattern_errors"]),
-        "kvm_exits_s": kvm_exits / seconds,
-        "to_pyvmm_s": to_pyvmm / seconds,
+        "kvm_exits_s": kvm_exits / window,
+        "to_pyvmm_s": to_pyvmm / window,
+        "exits_per_kframe": kvm_exits / max(frames, 1) * 1000,
         "kvm_exits": kvm_exits,
         "drops": drops,
         "vcpu_cpu": stats["vcpu_thread_cpu_ns"] / 1e9 / seconds * 100,
+        "window": window,
         "io_cpu": io_cpu,
     }
 
@@ -125,6 +134,7 @@ def main() -> int:
     parser.add_argument("--idle-ms", type=int, default=1500)
     parser.add_argument("--pin", action="store_true", help="vCPU on CPU 0, IO thread on 1")
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--slots", type=int, default=0, help="--shm-slots (0: default)")
     parser.add_argument("--json", action="store_true", help="also dump raw results")
     args = parser.parse_args()
 
@@ -138,7 +148,8 @@ def main() -> int:
     )
     header = (
         f"{'mode':<7} {'offered pps':>11} {'rx pps':>9} {'frames':>9} {'errors':>6} "
-        f"{'KVM exits/s':>11} {'to pyvmm/s':>10} {'drops':>8} {'vCPU %':>6} {'IO %':>5}"
+        f"{'KVM exits/s':>11} {'exits/1k fr':>11} {'to pyvmm/s':>10} {'drops':>8} "
+        f"{'vCPU %':>6} {'IO %':>5}"
     )
     print(header)
     raw = []
@@ -148,8 +159,9 @@ def main() -> int:
         s = summarize(result)
         print(
             f"{s['mode']:<7} {s['offered']:>11.0f} {s['received']:>9.0f} {s['frames']:>9} "
-            f"{s['errors']:>6} {s['kvm_exits_s']:>11.0f} {s['to_pyvmm_s']:>10.0f} "
-            f"{s['drops']:>8} {s['vcpu_cpu']:>6.0f} {s['io_cpu']:>5.0f}",
+            f"{s['errors']:>6} {s['kvm_exits_s']:>11.0f} {s['exits_per_kframe']:>11.1f} "
+            f"{s['to_pyvmm_s']:>10.0f} {s['drops']:>8} {s['vcpu_cpu']:>6.0f} "
+            f"{s['io_cpu']:>5.0f}",
             flush=True,
         )
     if args.json:
