@@ -42,7 +42,8 @@ Run a Solo5 hvt unikernel on KVM. Options (solo5-hvt compatible):
                                 (default 50)
   --no-net-ring                 do not offer Solo5's ring I/O to Solo5 v0.11+
                                 unikernels (as solo5-hvt's option)
-  --shm-slots=N                 slots per ring, a power of two (default 256)
+  --shm-slots=N                 slots per ring, a power of two (default: as
+                                many as fit in 1/8 of guest memory, <= 4096)
   --pin=vcpu=N,io=M             pin the vCPU thread and/or the IO thread
                                 to CPUs (also: --pin vcpu=N,io=M)
   --stats                       print counters as JSON on stderr at exit

@@ -27,7 +27,8 @@ class VmConfig:
     # "off", or an IO thread mode ("poll", "event", "hybrid").
     shm: str | None = None
     hybrid_budget_us: int | None = None
-    shm_slots: int = 256
+    # Slots per ring; None: as many as fit in 1/8 of memory, at most 4096.
+    shm_slots: int | None = None
     # Do not offer Solo5's own ring I/O (solo5-hvt's --no-net-ring).
     no_net_ring: bool = False
     pin_vcpu: int | None = None
