@@ -199,7 +199,7 @@ class Vmm:
             layout = ShmLayout.plan(mem_size, handles, config.shm_slots)
             usable = layout.gpa
         ring_gpa = None
-        if self.shm_mode == "off" and nets and config.shm != "off" and not config.no_net_ring:
+        if choose_solo5_ring(config, kernel, bool(nets), self.shm_mode):
             # Solo5's own ring, for ring-capable Solo5 unikernels.
             if usable <= RING_AREA:
                 raise UsageError(f"--mem={config.mem_mib} is too small for the Solo5 net ring")
@@ -410,22 +410,26 @@ def explain_page_fault(memory: GuestMemory, rip: int, cr2: int) -> str:
 
 
 def choose_shm(requested: str | None, kernel: Kernel, has_nets: bool) -> str:
-    """The shmstream mode for this guest, or "off".
+    """The shmstream mode for this guest's net devices, or "off".
 
-    Only a guest that declares a shmstream driver gets the region; asking
-    for a mode explicitly for a guest without one is an error, since the
-    user would silently measure the plain hypercall path otherwise.
+    Only a guest that declares a shmstream driver gets the region. For any
+    other guest an explicit mode still sets how the IO thread serves
+    Solo5's own ring (see choose_solo5_ring).
     """
-    if requested == "off" or not has_nets:
-        return "off"
-    if not kernel.capabilities.shmstream:
-        if requested is not None:
-            raise UsageError(
-                f"--shm={requested}: {kernel.path} has no shmstream driver "
-                "(its pyvmm capability note does not ask for it); use --shm=off"
-            )
+    if requested == "off" or not has_nets or not kernel.capabilities.shmstream:
         return "off"
     return requested or DEFAULT_SHM_MODE
+
+
+def choose_solo5_ring(config: VmConfig, kernel: Kernel, has_nets: bool, shm_mode: str) -> bool:
+    """Whether to offer Solo5's ring I/O, as solo5-hvt does unless told not to."""
+    serve = shm_mode == "off" and has_nets and config.shm != "off" and not config.no_net_ring
+    if config.shm not in (None, "off") and shm_mode == "off" and not serve:
+        raise UsageError(
+            f"--shm={config.shm}: nothing to serve: {kernel.path} has "
+            + ("no net device" if not has_nets else "no shmstream driver and --no-net-ring is set")
+        )
+    return serve
 
 
 def run(config: VmConfig) -> int:

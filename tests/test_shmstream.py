@@ -154,3 +154,86 @@ def test_flood_is_received_intact(mode):
         assert dev["rx_frames"] >= frames
         assert dev["rx_frames"] + dev["rx_drops_full"] <= count + 50  # + ARP/IPv6 noise
         assert dev["rx_bad_index"] == 0 and dev["tx_bad_index"] == 0
+
+
+@pytest.mark.parametrize("mode", ["poll", "event", "hybrid"])
+def test_solo5_ring_guest_answers_ping(mode):
+    """A guest using Solo5's own ring I/O (not shmstream) is served by the
+    IO thread: reads committed, writes sent, kicks only when it sleeps."""
+    with namespace() as ns:
+        argv = [
+            sys.executable,
+            "-m",
+            "pyvmm",
+            "--stats",
+            f"--shm={mode}",
+            "--net:service0=tap100",
+            str(guest("s5ring")),
+            GUEST_IP,
+            "5",
+        ]
+        vm = ns.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        head = ""
+        for line in vm.stdout:
+            head += line
+            if line.startswith("ready"):
+                break
+        assert "ring: solo5" in head, head + vm.stderr.read()
+        ping = ns.run(
+            ["ping", "-c", "5", "-i", "0.2", "-W", "5", GUEST_IP],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        out, err = vm.communicate(timeout=60)
+    assert "5 received" in ping.stdout, ping.stdout
+    assert vm.returncode == 0 and "SUCCESS" in out, out + err
+    ring = json.loads(err.split("pyvmm-stats: ", 1)[1])["solo5_ring"]
+    assert ring["mode"] == mode
+    assert ring["ring"]["writes"] >= 5 and ring["ring"]["reads"] >= 5
+    assert ring["ring"]["bad_entries"] == 0 and ring["ring"]["bad_index"] == 0
+    if mode == "poll":
+        assert ring["thread"]["kicks"] == 0  # a polling host never asks for kicks
+
+
+def test_no_net_ring_turns_solo5_ring_off():
+    with namespace() as ns:
+        result = ns.run(
+            [
+                sys.executable,
+                "-m",
+                "pyvmm",
+                "--no-net-ring",
+                "--net:service0=tap100",
+                str(guest("s5ring")),
+                GUEST_IP,
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+    assert result.returncode == 1
+    assert "the host offers no Solo5 ring" in result.stdout
+
+
+def test_explicit_mode_with_nothing_to_serve_is_an_error():
+    with namespace() as ns:
+        result = ns.run(
+            [
+                sys.executable,
+                "-m",
+                "pyvmm",
+                "--shm=poll",
+                "--no-net-ring",
+                "--net:service0=tap100",
+                str(guest("s5ring")),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+    assert result.returncode == 1
+    assert result.stderr.strip().startswith("pyvmm: --shm=poll: nothing to serve")

@@ -18,6 +18,12 @@
 #include "manifest.h"
 #include "pyvmm_abi.h"
 
+/* Programs that must not ask for shmstream (s5ring, which exercises
+ * Solo5's own ring) are linked with a copy built with RT_CAPS_FLAGS set. */
+#ifndef RT_CAPS_FLAGS
+#define RT_CAPS_FLAGS (PYVMM_CAP_USER_MODE | PYVMM_CAP_SHMSTREAM)
+#endif
+
 #define RT_PYVMM_NOTE_NAME "pyvmm"
 #define RT_PYVMM_NOTE_NAMESZ 6
 
@@ -42,6 +48,6 @@ const struct rt_caps_note pyvmm_caps_note = {
     },
     .caps = {
         .version = PYVMM_CAPS_VERSION,
-        .flags = PYVMM_CAP_USER_MODE | PYVMM_CAP_SHMSTREAM,
+        .flags = RT_CAPS_FLAGS,
     },
 };
