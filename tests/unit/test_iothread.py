@@ -1,0 +1,1098 @@
+"""The native shmstream IO thread (csrc/iothread.c), with socketpair backends.
+
+A non-blocking AF_UNIX SOCK_SEQPACKET socketpair stands in for the tap (one
+frame per read or write); the "guest" is this test, driving its side of the
+rings with the same shm_test_* operations the guest driver compiles.  The
+rings live inside one buffer between guard areas, so any host write outside
+the ring, or into a part of the ring the host does not own, shows.
+
+Covered: io_service moving frames both ways intact and in batches of
+IO_BATCH; exact drop accounting (full RX ring, oversize frames, bad TX
+lengths, a backend that refuses frames, empty reads); an exact model of
+io_service run against a hostile guest scribbling over every field of the
+shared rings; notification counting, one wake-up per io_arm_wake, and the
+wake eventfd; the three threaded modes moving every frame in order, never
+dropping a frame that found room, sleeping despite hostile indices or a
+hung-up backend, draining TX at stop and stopping promptly even when busy;
+io_add_port's argument checks.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import socket
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from pyvmm._native import ffi, lib
+
+MASK = 0xFFFFFFFF
+BAD = lib.SHM_TEST_BAD
+SLOT_DATA = lib.SHM_SLOT_DATA
+SLOT_SIZE = lib.SHM_SLOT_SIZE
+BATCH = lib.IO_BATCH
+HEADER = 3 * lib.SHM_CACHE_LINE  # ring header: producer, consumer, info lines
+GUARD = 4096
+GUARD_BYTES = np.frombuffer(b"\xde\xad\xbe\xef" * (GUARD // 4), dtype=np.uint8)
+COUNTERS = [name for name, _ in ffi.typeof("struct shm_counters").fields]
+MODES = {"poll": lib.IO_MODE_POLL, "event": lib.IO_MODE_EVENT, "hybrid": lib.IO_MODE_HYBRID}
+NEAR_WRAP = 2**32 - 5
+
+# Ring field offsets, from the header via cffi rather than hand-computed.
+OFF_PROD = ffi.offsetof("struct shm_ring", "prod")
+OFF_CONS = ffi.offsetof("struct shm_ring", "cons")
+OFF_SLEEPING = ffi.offsetof("struct shm_ring", "cons_sleeping")
+OFF_SLOTS = ffi.offsetof("struct shm_ring", "slots")
+OFF_SLOT_SIZE = ffi.offsetof("struct shm_ring", "slot_size")
+OFF_LEN = ffi.offsetof("struct shm_slot", "len")
+OFF_DATA = ffi.offsetof("struct shm_slot", "data")
+
+_PATTERN = bytes(i % 251 for i in range(2 * SLOT_DATA + 70000))
+
+
+def frame(seq: int, length: int) -> bytes:
+    """Frame number seq: its number, then a pattern that depends on it."""
+    head = seq.to_bytes(8, "little")
+    return (head + _PATTERN[seq % 251 : seq % 251 + length])[:length]
+
+
+def eventfd_count(fd: int) -> int:
+    """Read and reset a non-blocking eventfd; 0 if it was not signalled."""
+    try:
+        return os.eventfd_read(fd)
+    except BlockingIOError:
+        return 0
+
+
+class Rig:
+    """Two rings between guard areas, a socketpair backend, an iothread.
+
+    Layout of `mem`: guard | RX ring | guard | TX ring | guard, 64-aligned.
+    The guest's private indices are rx_cons and tx_prod.  The backend is the
+    host end of a socketpair (the test holds `peer`), or `backend_fd`.
+    """
+
+    def __init__(
+        self,
+        slots: int = 8,
+        *,
+        mode: int = lib.IO_MODE_EVENT,
+        budget_us: int = 200,
+        start_rx: int = NEAR_WRAP,
+        start_tx: int = NEAR_WRAP,
+        kick: bool = True,
+        wake: bool = True,
+        backend_fd: int | None = None,
+    ) -> None:
+        self.slots = slots
+        self.ring_size = int(lib.shm_test_ring_size(slots))
+        total = 3 * GUARD + 2 * self.ring_size
+        self._raw = ffi.new("uint8_t[]", total + 64)
+        align = -int(ffi.cast("uintptr_t", self._raw)) % 64
+        self.mem = np.frombuffer(ffi.buffer(self._raw), dtype=np.uint8)[align : align + total]
+        base = ffi.cast("uint8_t *", self._raw) + align
+        self.rx_off = GUARD
+        self.tx_off = 2 * GUARD + self.ring_size
+        self.guards = [
+            (0, GUARD),
+            (self.rx_off + self.ring_size, GUARD),
+            (self.tx_off + self.ring_size, GUARD),
+        ]
+        for start, size in self.guards:
+            self.mem[start : start + size] = GUARD_BYTES[:size]
+        self.rx = ffi.cast("struct shm_ring *", base + self.rx_off)
+        self.tx = ffi.cast("struct shm_ring *", base + self.tx_off)
+        for ring, start in ((self.rx, start_rx), (self.tx, start_tx)):
+            ring.prod = ring.cons = start
+            ring.slots = slots
+            ring.slot_size = SLOT_SIZE
+        self.rx_cons = start_rx
+        self.tx_prod = start_tx
+
+        self.host, self.peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        for sock in (self.host, self.peer):
+            sock.setblocking(False)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.kick = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) if kick else -1
+        self.wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) if wake else -1
+        self.io = lib.io_create(mode, budget_us, -1, self.kick, self.wake)
+        assert self.io != ffi.NULL
+        backend = self.host.fileno() if backend_fd is None else backend_fd
+        self.port = lib.io_add_port(self.io, backend, self.rx, self.tx, slots)
+        assert self.port == 0
+        self.counters = lib.io_port_counters(self.io, self.port)
+        self.stats = lib.io_thread_stats(self.io)
+        self.guest_kicks = 0
+        self._hung = False
+
+    # -- lifetime ---------------------------------------------------------------
+
+    def start(self) -> None:
+        assert lib.io_start(self.io) == 0
+
+    def stop(self, seconds: float = 5.0) -> float:
+        """io_stop on a helper thread, so a hang fails instead of hanging."""
+        t0 = time.monotonic()
+        stopper = threading.Thread(target=lib.io_stop, args=(self.io,), daemon=True)
+        stopper.start()
+        stopper.join(seconds)
+        if stopper.is_alive():
+            self._hung = True
+            pytest.fail(f"io_stop did not return within {seconds} s")
+        return time.monotonic() - t0
+
+    def close(self) -> None:
+        if self.io is None:
+            return
+        if not self._hung:
+            self.stop()
+            lib.io_destroy(self.io)
+        self.io = None
+        self.host.close()
+        self.peer.close()
+        for fd in (self.kick, self.wake):
+            if fd >= 0:
+                os.close(fd)
+
+    # -- what the test looks at ---------------------------------------------------
+
+    def count(self) -> dict[str, int]:
+        return {name: getattr(self.counters, name) for name in COUNTERS}
+
+    def guards_intact(self) -> bool:
+        return all(
+            np.array_equal(self.mem[start : start + size], GUARD_BYTES[:size])
+            for start, size in self.guards
+        )
+
+    def host_writable(self) -> np.ndarray:
+        """Bytes the host may write during io_service: RX prod, RX slot
+        lengths and data, TX cons.  Never a TX slot, never a guest field."""
+        ok = np.zeros(len(self.mem), dtype=bool)
+        ok[self.rx_off + OFF_PROD : self.rx_off + OFF_PROD + 4] = True
+        ok[self.tx_off + OFF_CONS : self.tx_off + OFF_CONS + 4] = True
+        for i in range(self.slots):
+            slot = self.rx_off + HEADER + i * SLOT_SIZE
+            ok[slot + OFF_LEN : slot + OFF_LEN + 4] = True
+            ok[slot + OFF_DATA : slot + SLOT_SIZE] = True
+        return ok
+
+    def rx_slot(self, index: int) -> object:
+        return ffi.cast("struct shm_slot *", lib.shm_test_slot(self.rx, index & MASK, self.slots))
+
+    def tx_slot(self, index: int) -> object:
+        return ffi.cast("struct shm_slot *", lib.shm_test_slot(self.tx, index & MASK, self.slots))
+
+    # -- the backend (tap) side -------------------------------------------------
+
+    def backend_send(self, frames: list[bytes]) -> None:
+        for f in frames:
+            assert self.peer.send(f) == len(f)
+
+    def backend_receive(self) -> list[bytes]:
+        out = []
+        while True:
+            try:
+                out.append(self.peer.recv(1 << 17))
+            except BlockingIOError:
+                return out
+
+    # -- the guest side ---------------------------------------------------------
+
+    def guest_receive(self, limit: int | None = None) -> list[bytes]:
+        avail = lib.shm_test_cons_avail(self.rx, self.rx_cons, self.slots)
+        assert avail != BAD, "the host published an impossible RX index"
+        if limit is not None:
+            avail = min(avail, limit)
+        out = []
+        for _ in range(avail):
+            slot = self.rx_slot(self.rx_cons)
+            assert 1 <= slot.len <= SLOT_DATA
+            out.append(ffi.buffer(slot.data, slot.len)[:])
+            self.rx_cons = (self.rx_cons + 1) & MASK
+        if out:
+            lib.shm_test_cons_release(self.rx, self.rx_cons)
+        return out
+
+    def guest_send(self, frames: list[bytes], *, kick: bool = True) -> int:
+        """Write as many frames as fit, publish once, kick if the host sleeps."""
+        space = lib.shm_test_prod_space(self.tx, self.tx_prod, self.slots)
+        assert space != BAD, "the host released an impossible TX index"
+        sent = frames[:space]
+        for f in sent:
+            slot = self.tx_slot(self.tx_prod)
+            ffi.memmove(slot.data, f, len(f))
+            slot.len = len(f)
+            self.tx_prod = (self.tx_prod + 1) & MASK
+        if sent:
+            lib.shm_test_prod_publish(self.tx, self.tx_prod)
+            if kick and lib.shm_test_prod_needs_notify(self.tx) and self.kick >= 0:
+                os.eventfd_write(self.kick, 1)
+                self.guest_kicks += 1
+        return len(sent)
+
+    def service_until_idle(self, max_passes: int = 1000) -> int:
+        passes = 0
+        while lib.io_service(self.io):
+            passes += 1
+            assert passes < max_passes, "io_service never ran out of work"
+        return passes
+
+
+@pytest.fixture
+def rigs():
+    """Rig factory; every rig is stopped and destroyed at teardown."""
+    made: list[Rig] = []
+
+    def make(*args, **kwargs) -> Rig:
+        rig = Rig(*args, **kwargs)
+        made.append(rig)
+        return rig
+
+    yield make
+    for rig in made:
+        rig.close()
+
+
+# -- io_service: moving frames ---------------------------------------------
+
+
+@given(
+    rx_lengths=st.lists(st.integers(1, SLOT_DATA), max_size=20),
+    tx_lengths=st.lists(st.integers(1, SLOT_DATA), max_size=20),
+)
+@settings(max_examples=30, deadline=None)
+def test_service_moves_frames_both_ways_with_contents_and_lengths_intact(
+    rx_lengths: list[int], tx_lengths: list[int]
+):
+    rig = Rig(slots=32)
+    try:
+        rx_frames = [frame(i, n) for i, n in enumerate(rx_lengths)]
+        tx_frames = [frame(1000 + i, n) for i, n in enumerate(tx_lengths)]
+        rig.backend_send(rx_frames)
+        assert rig.guest_send(tx_frames) == len(tx_frames)
+        rig.service_until_idle()
+        assert rig.guest_receive() == rx_frames
+        assert rig.backend_receive() == tx_frames
+        c = rig.count()
+        assert c["rx_frames"] == len(rx_frames)
+        assert c["rx_bytes"] == sum(rx_lengths)
+        assert c["tx_frames"] == len(tx_frames)
+        assert c["tx_bytes"] == sum(tx_lengths)
+        assert rig.tx.cons == rig.tx_prod, "TX slots not given back"
+        assert rig.rx.prod == (NEAR_WRAP + len(rx_frames)) & MASK
+        drops = ("rx_drops_full", "rx_drops_oversize", "tx_drops_bad_len", "tx_drops_backend")
+        assert all(c[name] == 0 for name in drops)
+        assert c["rx_bad_index"] == c["tx_bad_index"] == 0
+        assert rig.guards_intact()
+    finally:
+        rig.close()
+
+
+def test_frames_of_exactly_one_slot_and_of_one_byte_pass(rigs):
+    rig = rigs(slots=4)
+    frames = [frame(1, SLOT_DATA), frame(2, 1), frame(3, SLOT_DATA)]
+    rig.backend_send(frames)
+    rig.guest_send(frames)
+    rig.service_until_idle()
+    assert rig.guest_receive() == frames
+    assert rig.backend_receive() == frames
+
+
+def test_more_frames_than_a_batch_move_in_batches_of_io_batch(rigs):
+    rig = rigs(slots=256)
+    n = 3 * BATCH + 5
+    rx_frames = [frame(i, 1 + i % 200) for i in range(n)]
+    tx_frames = [frame(5000 + i, 1 + i % 300) for i in range(n)]
+    rig.backend_send(rx_frames)
+    assert rig.guest_send(tx_frames) == n
+
+    assert lib.io_service(rig.io) == 2 * BATCH  # one batch each way
+    c = rig.count()
+    assert c["rx_frames"] == BATCH and c["tx_frames"] == BATCH
+    assert rig.rx.prod == (NEAR_WRAP + BATCH) & MASK, "RX published once per batch"
+    assert rig.tx.cons == (NEAR_WRAP + BATCH) & MASK, "TX released once per batch"
+
+    passes = 1 + rig.service_until_idle()
+    assert passes == 4
+    assert rig.guest_receive() == rx_frames
+    assert rig.backend_receive() == tx_frames
+    c = rig.count()
+    assert c["rx_frames"] == c["tx_frames"] == n
+    assert c["notify_suppressed"] == 4  # one per RX batch, guest awake
+
+
+@pytest.mark.parametrize("slots, extra", [(1, 3), (8, 13), (64, 100)])
+def test_full_rx_ring_drops_and_counts_exactly(rigs, slots: int, extra: int):
+    rig = rigs(slots=slots)
+    n = slots + extra
+    frames = [frame(i, 1 + (i * 53) % SLOT_DATA) for i in range(n)]
+    rig.backend_send(frames)
+    rig.service_until_idle()  # returns: a full ring never blocks the host
+
+    c = rig.count()
+    assert c["rx_frames"] == slots
+    assert c["rx_drops_full"] == n - slots
+    assert c["rx_bytes"] == sum(len(f) for f in frames[:slots])
+    with pytest.raises(BlockingIOError):
+        rig.host.recv(1)  # every frame was read from the backend
+    assert rig.guest_receive() == frames[:slots], "the first frames are the ones kept"
+
+    # Room again: delivery resumes, nothing else dropped.
+    later = [frame(10_000 + i, 100) for i in range(slots)]
+    rig.backend_send(later)
+    rig.service_until_idle()
+    assert rig.guest_receive() == later
+    assert rig.count()["rx_drops_full"] == n - slots
+    assert rig.guards_intact()
+
+
+def test_rx_pass_that_only_drops_neither_notifies_nor_counts_a_batch(rigs):
+    rig = rigs(slots=2)
+    rig.backend_send([frame(i, 10) for i in range(2)])
+    rig.service_until_idle()
+    assert lib.shm_test_cons_prepare_sleep(rig.rx, rig.rx_cons, rig.slots) == 0  # frames wait
+    rig.rx.cons_sleeping = 1  # a guest that sleeps anyway
+    before = rig.count()
+    rig.backend_send([frame(i, 10) for i in range(5)])
+    rig.service_until_idle()
+    after = rig.count()
+    assert after["rx_drops_full"] == 5
+    assert after["notify_sent"] == before["notify_sent"]
+    assert after["notify_suppressed"] == before["notify_suppressed"]
+    assert eventfd_count(rig.wake) == 0
+
+
+def test_oversize_frames_are_counted_and_not_delivered(rigs):
+    rig = rigs(slots=8)
+    sizes = [10, SLOT_DATA + 1, SLOT_DATA, 5000, 20, 65536 + SLOT_DATA + 100, 1]
+    frames = [frame(i, n) for i, n in enumerate(sizes)]
+    rig.backend_send(frames)
+    rig.service_until_idle()
+    good = [f for f in frames if len(f) <= SLOT_DATA]
+    assert rig.guest_receive() == good
+    c = rig.count()
+    assert c["rx_drops_oversize"] == 3
+    assert c["rx_frames"] == len(good)
+    assert c["rx_bytes"] == sum(map(len, good))
+    assert rig.rx.prod == (NEAR_WRAP + len(good)) & MASK, "an oversize frame took a slot"
+    assert rig.guards_intact()
+
+
+def test_tx_slots_with_bad_length_are_dropped_counted_and_skipped(rigs):
+    rig = rigs(slots=16)
+    bad_lengths = [0, SLOT_DATA + 1, 0xFFFFFFFF, 2**31, SLOT_SIZE]
+    good = [frame(i, 1 + i * 100) for i in range(len(bad_lengths) + 1)]
+    rig.guest_send(good[:1])
+    index = rig.tx_prod
+    # interleave: good, bad, good, bad, ..., good
+    for k, bad in enumerate(bad_lengths):
+        slot = rig.tx_slot(index)
+        slot.len = bad
+        index = (index + 1) & MASK
+        slot = rig.tx_slot(index)
+        ffi.memmove(slot.data, good[k + 1], len(good[k + 1]))
+        slot.len = len(good[k + 1])
+        index = (index + 1) & MASK
+    rig.tx_prod = index
+    lib.shm_test_prod_publish(rig.tx, index)
+
+    rig.service_until_idle()
+    assert rig.backend_receive() == good
+    c = rig.count()
+    assert c["tx_drops_bad_len"] == len(bad_lengths)
+    assert c["tx_frames"] == len(good)
+    assert c["tx_bytes"] == sum(map(len, good))
+    assert rig.tx.cons == rig.tx_prod, "bad slots are consumed, not retried"
+
+
+def test_tx_frames_the_backend_refuses_are_counted_not_retried(rigs):
+    rig = rigs(slots=64)
+    rig.host.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    frames = [frame(i, SLOT_DATA) for i in range(40)]
+    assert rig.guest_send(frames) == 40
+    rig.service_until_idle()  # never blocks on the full socket
+    c = rig.count()
+    assert c["tx_drops_backend"] > 0
+    assert c["tx_frames"] + c["tx_drops_backend"] == 40
+    received = rig.backend_receive()
+    assert received == frames[: c["tx_frames"]]
+    assert rig.tx.cons == rig.tx_prod
+
+
+def test_host_resumes_from_the_indices_found_in_the_ring(rigs):
+    """io_add_port adopts RX prod and TX cons as they are: no rewind."""
+    rig = rigs(slots=4, start_rx=MASK, start_tx=MASK - 1)
+    rig.backend_send([frame(1, 9), frame(2, 9)])
+    rig.guest_send([frame(3, 9), frame(4, 9), frame(5, 9)])
+    rig.service_until_idle()
+    assert rig.rx.prod == 1  # MASK + 2, wrapped
+    assert rig.tx.cons == 1  # MASK - 1 + 3, wrapped
+    assert rig.guest_receive() == [frame(1, 9), frame(2, 9)]
+    assert rig.backend_receive() == [frame(3, 9), frame(4, 9), frame(5, 9)]
+
+
+# -- notifications -----------------------------------------------------------
+
+
+def test_rx_batch_for_a_sleeping_guest_counts_notify_sent_and_signals_wake_fd(rigs):
+    rig = rigs(slots=16)
+    assert lib.shm_test_cons_prepare_sleep(rig.rx, rig.rx_cons, rig.slots) == 1
+    rig.backend_send([frame(i, 64) for i in range(3)])
+    assert lib.io_service(rig.io) == 3
+    c = rig.count()
+    assert c["notify_sent"] == 1 and c["notify_suppressed"] == 0
+    assert eventfd_count(rig.wake) == 1
+    lib.shm_test_cons_awake(rig.rx)
+    assert len(rig.guest_receive()) == 3
+
+
+def test_rx_batch_for_an_awake_guest_is_suppressed_and_wake_fd_stays_quiet(rigs):
+    rig = rigs(slots=16)
+    rig.backend_send([frame(i, 64) for i in range(3)])
+    rig.service_until_idle()
+    c = rig.count()
+    assert c["notify_sent"] == 0 and c["notify_suppressed"] == 1
+    assert eventfd_count(rig.wake) == 0
+
+
+def test_a_guest_sleeping_through_many_batches_is_woken_once_per_arming(rigs):
+    rig = rigs(slots=256)
+    assert lib.shm_test_cons_prepare_sleep(rig.rx, rig.rx_cons, rig.slots) == 1
+    rig.backend_send([frame(i, 32) for i in range(3 * BATCH)])
+    rig.service_until_idle()
+    c = rig.count()
+    assert c["notify_sent"] == 1 and c["notify_suppressed"] == 2
+    assert eventfd_count(rig.wake) == 1
+    # Re-armed (the vCPU is about to look and wait again): one more wake-up.
+    lib.io_arm_wake(rig.io)
+    rig.backend_send([frame(i, 32) for i in range(BATCH)])
+    rig.service_until_idle()
+    c = rig.count()
+    assert c["notify_sent"] == 2 and c["notify_suppressed"] == 2
+    assert eventfd_count(rig.wake) == 1
+    # Awake and armed: the next batches are suppressed, the arming kept.
+    lib.shm_test_cons_awake(rig.rx)
+    lib.io_arm_wake(rig.io)
+    assert len(rig.guest_receive()) == 4 * BATCH
+    rig.backend_send([frame(i, 32) for i in range(BATCH + 1)])
+    rig.service_until_idle()
+    c = rig.count()
+    assert c["notify_sent"] == 2 and c["notify_suppressed"] == 4
+    assert eventfd_count(rig.wake) == 0
+    # Asleep again: the arming the awake batches left unused wakes it.
+    assert len(rig.guest_receive()) == BATCH + 1
+    assert lib.shm_test_cons_prepare_sleep(rig.rx, rig.rx_cons, rig.slots) == 1
+    rig.backend_send([frame(0, 32)])
+    rig.service_until_idle()
+    assert rig.count()["notify_sent"] == 3
+    assert eventfd_count(rig.wake) == 1
+
+
+def test_idle_pass_neither_notifies_nor_suppresses(rigs):
+    rig = rigs(slots=8)
+    rig.rx.cons_sleeping = 1
+    assert lib.io_service(rig.io) == 0
+    c = rig.count()
+    assert c["notify_sent"] == 0 and c["notify_suppressed"] == 0
+    assert eventfd_count(rig.wake) == 0
+
+
+def test_without_a_wake_fd_notifications_are_still_counted(rigs):
+    rig = rigs(slots=8, wake=False)
+    rig.rx.cons_sleeping = 1
+    rig.backend_send([frame(0, 5)])
+    assert lib.io_service(rig.io) == 1
+    assert rig.count()["notify_sent"] == 1
+
+
+# -- a hostile guest, against an exact model of io_service ----------------------
+
+
+class HostModel:
+    """What one io_service pass must do, computed from the ring as it stands.
+
+    The host reads only the guest-owned fields (RX cons and cons_sleeping, TX
+    prod, TX slot lengths and data), its own trusted indices and whether a
+    wake-up is armed.  Within one pass nothing changes the guest's fields, so
+    a frame found with no room stays without room once read.
+    """
+
+    def __init__(self, rig: Rig) -> None:
+        self.rig = rig
+        self.rx_prod = int(rig.rx.prod)
+        self.tx_cons = int(rig.tx.cons)
+        self.c = dict.fromkeys(COUNTERS, 0)
+        self.backlog: deque[bytes] = deque()  # in the socket, towards the host
+        self.armed = True  # io_create arms the first wake-up
+
+    def one_pass(self) -> tuple[int, list[tuple[int, bytes]], list[bytes], bool, bool, int]:
+        rig, c, slots = self.rig, self.c, self.rig.slots
+        work = 0
+        tx_out: list[bytes] = []
+        released = published = False
+        avail = (rig.tx.prod - self.tx_cons) & MASK
+        if avail > slots:
+            c["tx_bad_index"] += 1
+        else:
+            avail = min(avail, BATCH)
+            for i in range(avail):
+                slot = rig.tx_slot(self.tx_cons + i)
+                length = slot.len
+                if length == 0 or length > SLOT_DATA:
+                    c["tx_drops_bad_len"] += 1
+                    continue
+                tx_out.append(ffi.buffer(slot.data, length)[:])
+                c["tx_frames"] += 1
+                c["tx_bytes"] += length
+            if avail:
+                self.tx_cons = (self.tx_cons + avail) & MASK
+                released = True
+            work += avail
+
+        seen = moved = 0
+        delivered: list[tuple[int, bytes]] = []
+        cons = int(rig.rx.cons)
+        while seen < BATCH and self.backlog:
+            used = (self.rx_prod - cons) & MASK
+            f = self.backlog.popleft()
+            seen += 1
+            if used > slots:
+                c["rx_bad_index"] += 1
+            elif used == slots:
+                c["rx_drops_full"] += 1
+            elif len(f) > SLOT_DATA:
+                c["rx_drops_oversize"] += 1
+            else:
+                delivered.append((self.rx_prod, f))
+                self.rx_prod = (self.rx_prod + 1) & MASK
+                c["rx_frames"] += 1
+                c["rx_bytes"] += len(f)
+                moved += 1
+        wakes = 0
+        if moved:
+            published = True
+            if rig.rx.cons_sleeping and self.armed:
+                c["notify_sent"] += 1
+                self.armed = False
+                wakes = 1
+            else:
+                c["notify_suppressed"] += 1
+        return work + seen, delivered, tx_out, released, published, wakes
+
+
+def _value(slots: int):
+    """A guest-written index: anything, or something near the host's index."""
+    return st.one_of(
+        st.tuples(st.just("abs"), st.integers(0, MASK)),
+        st.tuples(st.just("rel"), st.integers(-slots - 3, 2 * slots + 3)),
+        st.tuples(st.just("abs"), st.sampled_from([0, MASK, 2**31])),
+    )
+
+
+def _steps(slots: int):
+    length = st.one_of(
+        st.integers(0, MASK),
+        st.integers(0, SLOT_DATA + 8),
+        st.sampled_from([0, 1, SLOT_DATA, SLOT_DATA + 1, SLOT_SIZE]),
+    )
+    slot = st.integers(0, slots - 1)
+    backend = st.tuples(
+        st.just("backend"),
+        st.lists(
+            st.one_of(
+                st.integers(1, 200),
+                st.integers(1, SLOT_DATA),
+                st.integers(SLOT_DATA + 1, SLOT_DATA + 600),
+            ),
+            min_size=1,
+            max_size=3 * slots,
+        ),
+    )
+    return st.one_of(
+        st.tuples(st.just("rx_cons"), _value(slots)),
+        st.tuples(st.just("rx_sleeping"), st.one_of(st.integers(0, MASK), st.sampled_from([0, 1]))),
+        st.tuples(st.just("tx_prod"), _value(slots)),
+        st.tuples(st.just("tx_len"), slot, length),
+        st.tuples(st.just("tx_data"), slot, st.integers(0, 255)),
+        st.tuples(
+            st.just("info"),
+            st.sampled_from(["rx", "tx"]),
+            st.sampled_from(
+                [OFF_SLOTS, OFF_SLOT_SIZE, OFF_SLOTS + 8, OFF_PROD + 4, OFF_CONS + 8, OFF_SLEEPING]
+            ),
+            st.integers(0, MASK),
+        ),
+        st.tuples(st.just("rx_prod"), st.integers(0, MASK)),
+        st.tuples(st.just("tx_cons"), st.integers(0, MASK)),
+        backend,
+        backend,
+        backend,
+        st.tuples(st.just("guest_rx"), st.integers(1, 2 * slots)),
+        st.tuples(st.just("guest_tx"), st.lists(st.integers(1, SLOT_DATA), max_size=6)),
+        st.tuples(st.just("passes"), st.integers(1, 4)),
+        st.tuples(st.just("arm")),
+    )
+
+
+@given(
+    slots=st.sampled_from([1, 2, 4, 16]),
+    start_rx=st.sampled_from([0, NEAR_WRAP, 2**31 - 3]),
+    start_tx=st.sampled_from([0, NEAR_WRAP, MASK]),
+    data=st.data(),
+)
+@settings(max_examples=80, deadline=None)
+def test_hostile_guest_never_crashes_the_host_or_makes_it_write_outside_its_fields(
+    slots: int, start_rx: int, start_tx: int, data: st.DataObject
+):
+    rig = Rig(slots=slots, start_rx=start_rx, start_tx=start_tx)
+    try:
+        model = HostModel(rig)
+        writable = rig.host_writable()
+        seq = 0
+        for step in data.draw(st.lists(_steps(slots), min_size=5, max_size=40), label="steps"):
+            kind = step[0]
+            passes = 1
+            if kind in ("rx_cons", "tx_prod"):
+                how, v = step[1]
+                own = model.rx_prod if kind == "rx_cons" else model.tx_cons
+                v = v if how == "abs" else (own + v) & MASK
+                if kind == "rx_cons":
+                    rig.rx.cons = v
+                else:
+                    rig.tx.prod = v
+            elif kind == "rx_sleeping":
+                rig.rx.cons_sleeping = step[1]
+            elif kind == "tx_len":
+                rig.tx_slot(step[1]).len = step[2]
+            elif kind == "tx_data":
+                ffi.memmove(rig.tx_slot(step[1]).data, bytes([step[2]]) * SLOT_DATA, SLOT_DATA)
+            elif kind == "info":
+                ring = rig.rx if step[1] == "rx" else rig.tx
+                ffi.cast("uint32_t *", ffi.cast("uint8_t *", ring) + step[2])[0] = step[3]
+            elif kind == "rx_prod":
+                rig.rx.prod = step[1]
+            elif kind == "tx_cons":
+                rig.tx.cons = step[1]
+            elif kind == "backend":
+                frames = [frame(seq + i, n) for i, n in enumerate(step[1])]
+                seq += len(frames)
+                rig.backend_send(frames)
+                model.backlog.extend(frames)
+            elif kind == "guest_rx":
+                # An honest guest acting on whatever the ring says now.
+                cons = int(rig.rx.cons)
+                avail = lib.shm_test_cons_avail(rig.rx, cons, slots)
+                if avail != BAD:
+                    lib.shm_test_cons_release(rig.rx, (cons + min(avail, step[1])) & MASK)
+            elif kind == "guest_tx":
+                prod = int(rig.tx.prod)
+                space = lib.shm_test_prod_space(rig.tx, prod, slots)
+                if space != BAD:
+                    for n in step[1][:space]:
+                        slot = rig.tx_slot(prod)
+                        f = frame(seq, n)
+                        seq += 1
+                        ffi.memmove(slot.data, f, n)
+                        slot.len = n
+                        prod = (prod + 1) & MASK
+                    lib.shm_test_prod_publish(rig.tx, prod)
+            elif kind == "passes":
+                passes = step[1]
+            elif kind == "arm":
+                lib.io_arm_wake(rig.io)
+                model.armed = True
+
+            for _ in range(passes):
+                before = rig.mem.copy()
+                work, delivered, tx_out, released, published, wakes = model.one_pass()
+                assert lib.io_service(rig.io) == work
+                changed = np.flatnonzero(rig.mem != before)
+                outside = changed[~writable[changed]]
+                assert outside.size == 0, f"host wrote at offsets {outside[:8].tolist()}"
+                assert rig.guards_intact()
+                assert rig.count() == model.c
+                for index, f in delivered:
+                    slot = rig.rx_slot(index)
+                    assert slot.len == len(f)
+                    assert ffi.buffer(slot.data, slot.len)[:] == f
+                if published:
+                    assert rig.rx.prod == model.rx_prod
+                if released:
+                    assert rig.tx.cons == model.tx_cons
+                assert rig.backend_receive() == tx_out
+                assert eventfd_count(rig.wake) == wakes
+        for name, value in model.c.items():
+            if value and name not in ("rx_bytes", "tx_bytes"):
+                event(f"{name} > 0")
+    finally:
+        rig.close()
+
+
+# -- the thread: poll, event, hybrid --------------------------------------------
+
+
+def rx_frame(i: int) -> bytes:
+    return frame(i, 1 + (i * 131) % SLOT_DATA)
+
+
+def tx_frame(i: int) -> bytes:
+    return frame(1_000_000 + i, 1 + (i * 97) % SLOT_DATA)
+
+
+DROPS = (
+    "rx_drops_full",
+    "rx_drops_oversize",
+    "rx_bad_index",
+    "tx_drops_bad_len",
+    "tx_drops_backend",
+    "tx_bad_index",
+)
+
+
+def run_traffic(rig: Rig, n_rx: int, n_tx: int, window: int, timeout: float) -> dict[str, int]:
+    """Both directions at once, a Python guest and backend, no drops allowed.
+
+    At most `window` (<= slots) frames are in flight each way: the guest
+    releases RX slots before the next frames reach the backend, so every
+    frame finds room when it arrives and a correct host drops none.  When
+    nothing moves, the guest's RX consumer does what the vCPU does: it arms
+    the host's wake-up, runs the sleep handshake and waits on the wake
+    eventfd (or the backend).  A sleep that ends by time-out while frames
+    wait, and that a further second of waiting does not end, is a lost
+    wake-up.
+    """
+    deadline = time.monotonic() + timeout
+    rx_sent = rx_got = tx_sent = tx_got = 0
+    sleeps = lost = wakes = 0
+    while rx_got < n_rx or tx_got < n_tx:
+        if time.monotonic() > deadline:
+            pytest.fail(f"stalled: rx {rx_got}/{n_rx}, tx {tx_got}/{n_tx}, counters {rig.count()}")
+        if any(getattr(rig.counters, name) for name in DROPS):
+            pytest.fail(f"frames dropped: rx {rx_got}/{n_rx}, tx {tx_got}/{n_tx}, {rig.count()}")
+        progress = False
+        while rx_sent < n_rx and rx_sent - rx_got < window:
+            rig.backend_send([rx_frame(rx_sent)])
+            rx_sent += 1
+            progress = True
+        want = min(n_tx - tx_sent, window - (tx_sent - tx_got))
+        if want > 0:
+            sent = rig.guest_send([tx_frame(tx_sent + i) for i in range(want)])
+            tx_sent += sent
+            progress |= sent > 0
+        for f in rig.guest_receive():
+            assert f == rx_frame(rx_got), f"RX frame {rx_got} wrong or out of order"
+            rx_got += 1
+            progress = True
+        for f in rig.backend_receive():
+            assert f == tx_frame(tx_got), f"TX frame {tx_got} wrong or out of order"
+            tx_got += 1
+            progress = True
+        if progress:
+            continue
+        lib.io_arm_wake(rig.io)
+        wakes += eventfd_count(rig.wake)
+        if lib.shm_test_cons_prepare_sleep(rig.rx, rig.rx_cons, rig.slots):
+            sleeps += 1
+            ready, _, _ = select.select([rig.wake, rig.peer], [], [], 0.5)
+            if not ready and lib.shm_test_cons_avail(rig.rx, rig.rx_cons, rig.slots) > 0:
+                ready, _, _ = select.select([rig.wake], [], [], 1.0)
+                lost += not ready
+            wakes += eventfd_count(rig.wake)
+            lib.shm_test_cons_awake(rig.rx)
+        wakes += eventfd_count(rig.wake)
+    return {"guest_sleeps": sleeps, "lost_wakeups": lost, "wakes": wakes}
+
+
+@pytest.mark.parametrize("mode", list(MODES.values()), ids=list(MODES))
+def test_threaded_mode_moves_every_frame_in_order_and_stops_promptly(rigs, mode: int):
+    rig = rigs(slots=16, mode=mode, budget_us=200)
+    rig.start()
+    n = 2500
+    result = run_traffic(rig, n_rx=n, n_tx=n, window=rig.slots, timeout=30)
+    time.sleep(0.05)  # idle for longer than the hybrid budget
+    stats = {name: getattr(rig.stats, name) for name, _ in ffi.typeof("struct io_stats").fields}
+    assert rig.stop() < 2.0
+
+    c = rig.count()
+    assert c["rx_frames"] == n and c["tx_frames"] == n
+    assert c["rx_bytes"] == sum(len(rx_frame(i)) for i in range(n))
+    assert c["tx_bytes"] == sum(len(tx_frame(i)) for i in range(n))
+    for name in DROPS:
+        assert c[name] == 0, name
+    assert result["lost_wakeups"] == 0
+    assert c["notify_sent"] + c["notify_suppressed"] >= 1
+    # Every notification is exactly one eventfd signal, and nothing else
+    # signals it.
+    assert result["wakes"] + eventfd_count(rig.wake) == c["notify_sent"]
+    assert stats["busy_passes"] >= 1
+    if mode == lib.IO_MODE_POLL:
+        assert stats["sleeps"] == 0
+        assert stats["idle_spins"] > 0
+    else:
+        assert stats["sleeps"] >= 1, "the thread never slept while idle"
+    if mode == lib.IO_MODE_EVENT:
+        assert rig.guest_kicks >= 1, "the guest never had to kick a sleeping host"
+    # The thread counts every kick it read; the rest is still in the eventfd.
+    assert rig.stats.kicks + eventfd_count(rig.kick) == rig.guest_kicks
+    assert rig.guards_intact()
+
+
+def test_rx_frame_arriving_after_the_guest_freed_room_is_not_dropped(rigs):
+    """A guest keeping at most `slots` frames in flight never loses one.
+
+    The guest consumes, releases, and only then lets the next frame reach
+    the backend, so every frame arrives when the ring has room for it.  A
+    host that decides "full" from a RX cons loaded before the frame arrived
+    drops one every few thousand frames here: the drop must be decided after
+    the frame is read.
+    """
+    rig = rigs(slots=4, mode=lib.IO_MODE_POLL)
+    rig.start()
+    deadline = time.monotonic() + 5
+    sent = got = 0
+    while got < 100_000 and time.monotonic() < deadline and not rig.counters.rx_drops_full:
+        while sent - got < rig.slots:
+            rig.backend_send([frame(sent, 64)])
+            sent += 1
+        for f in rig.guest_receive():
+            assert f == frame(got, 64)
+            got += 1
+    drops = rig.counters.rx_drops_full
+    rig.stop()
+    assert drops == 0, f"frame {got} dropped as 'ring full' with the ring not full"
+
+
+@pytest.mark.parametrize("mode", list(MODES.values()), ids=list(MODES))
+def test_idle_thread_stops_promptly_and_stop_is_idempotent(rigs, mode: int):
+    rig = rigs(slots=4, mode=mode, budget_us=1000)
+    rig.start()
+    time.sleep(0.05)
+    assert rig.stop() < 2.0
+    assert rig.stop() < 1.0  # a second stop is a no-op
+
+
+def test_poll_mode_thread_accounts_its_cpu_time(rigs):
+    rig = rigs(slots=4, mode=lib.IO_MODE_POLL)
+    assert lib.io_cpu_ns(rig.io) == 0  # never started
+    rig.start()
+    time.sleep(0.1)
+    assert lib.io_cpu_ns(rig.io) > 0
+    rig.stop()
+    total = lib.io_cpu_ns(rig.io)
+    assert total > 0
+    time.sleep(0.01)
+    assert lib.io_cpu_ns(rig.io) == total, "a stopped thread's time is final"
+
+
+def test_rx_wakes_a_sleeping_event_thread_and_the_thread_wakes_a_sleeping_guest(rigs):
+    rig = rigs(slots=8, mode=lib.IO_MODE_EVENT)
+    rig.start()
+    time.sleep(0.02)  # let the thread go to sleep in epoll
+    assert lib.shm_test_cons_prepare_sleep(rig.rx, rig.rx_cons, rig.slots) == 1
+    rig.backend_send([frame(7, 700)])
+    ready, _, _ = select.select([rig.wake], [], [], 5.0)
+    assert ready, "no wake-up for a sleeping guest"
+    lib.shm_test_cons_awake(rig.rx)
+    assert rig.guest_receive() == [frame(7, 700)]
+
+
+@pytest.mark.parametrize("mode", [lib.IO_MODE_EVENT, lib.IO_MODE_HYBRID], ids=["event", "hybrid"])
+def test_kick_wakes_a_sleeping_thread_for_tx(rigs, mode: int):
+    rig = rigs(slots=8, mode=mode, budget_us=100)
+    rig.start()
+    time.sleep(0.05)
+    assert rig.stats.sleeps >= 1
+    assert rig.guest_send([frame(9, 900)]) == 1
+    assert rig.guest_kicks == 1, "a sleeping host must have its sleep flag set"
+    ready, _, _ = select.select([rig.peer], [], [], 5.0)
+    assert ready, "the kick did not wake the IO thread"
+    assert rig.backend_receive() == [frame(9, 900)]
+
+
+@pytest.mark.parametrize("mode", [lib.IO_MODE_EVENT, lib.IO_MODE_HYBRID], ids=["event", "hybrid"])
+def test_hostile_tx_index_does_not_make_a_sleeping_thread_spin(rigs, mode: int):
+    """An impossible TX prod is counted, then the thread goes back to sleep."""
+    rig = rigs(slots=8, mode=mode, budget_us=100)
+    rig.start()
+    time.sleep(0.05)
+    rig.tx.prod = (rig.tx_prod + 1000) & MASK  # impossible: 1000 ahead of an 8-slot ring
+    os.eventfd_write(rig.kick, 1)
+    time.sleep(0.05)  # far longer than the hybrid budget
+    bad0, cpu0, t0 = rig.counters.tx_bad_index, lib.io_cpu_ns(rig.io), time.monotonic()
+    time.sleep(0.3)
+    bad1, cpu1, t1 = rig.counters.tx_bad_index, lib.io_cpu_ns(rig.io), time.monotonic()
+    rig.stop()
+    assert bad0 >= 1, "the impossible index was not noticed"
+    assert bad1 == bad0, f"tx_bad_index went on from {bad0} to {bad1}: the thread spins"
+    cpu, wall = (cpu1 - cpu0) / 1e9, t1 - t0
+    assert cpu < 0.5 * wall, f"the thread used {cpu:.3f} s of CPU in {wall:.3f} s idle"
+
+
+@pytest.mark.parametrize("mode", list(MODES.values()), ids=list(MODES))
+def test_stop_still_sends_tx_frames_queued_without_a_kick(rigs, mode: int):
+    """Frames a guest published just before it halted go out at io_stop."""
+    rig = rigs(slots=64, mode=mode, budget_us=100)
+    rig.start()
+    time.sleep(0.05)  # event, hybrid: asleep; TX published now needs a kick
+    frames = [frame(i, 100 + i) for i in range(40)]
+    assert rig.guest_send(frames, kick=False) == len(frames)
+    assert rig.stop() < 2.0
+    assert rig.backend_receive() == frames
+    assert rig.count()["tx_frames"] == len(frames)
+    assert rig.tx.cons == rig.tx_prod
+
+
+@pytest.mark.parametrize("mode", [lib.IO_MODE_EVENT, lib.IO_MODE_HYBRID], ids=["event", "hybrid"])
+def test_hung_up_backend_does_not_make_a_sleeping_thread_spin(rigs, mode: int):
+    rig = rigs(slots=8, mode=mode, budget_us=100)
+    rig.peer.close()  # the backend now reads as end of file, forever
+    rig.start()
+    time.sleep(0.05)
+    wakeups0, cpu0, t0 = rig.stats.wakeups, lib.io_cpu_ns(rig.io), time.monotonic()
+    time.sleep(0.3)
+    wakeups1, cpu1, t1 = rig.stats.wakeups, lib.io_cpu_ns(rig.io), time.monotonic()
+    assert rig.stop() < 2.0
+    assert wakeups1 == wakeups0, "the hung-up backend keeps waking the thread"
+    cpu, wall = (cpu1 - cpu0) / 1e9, t1 - t0
+    assert cpu < 0.5 * wall, f"the thread used {cpu:.3f} s of CPU in {wall:.3f} s idle"
+    assert rig.count()["rx_frames"] == 0
+
+
+def endless_backend() -> int:
+    """A backend with a frame always waiting: a semaphore eventfd yields one
+    8-byte frame per read and its counter is ~4e9, so every pass has work."""
+    return os.eventfd(2**32 - 1, os.EFD_SEMAPHORE | os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+
+
+def stop_or_rescue(rig: Rig, backend: int, seconds: float) -> bool:
+    """io_stop within `seconds`?  If not, swap an idle socket in for the
+    backend (dup2) so the thread can finish, and return False."""
+    stopper = threading.Thread(target=lib.io_stop, args=(rig.io,), daemon=True)
+    stopper.start()
+    stopper.join(seconds)
+    if not stopper.is_alive():
+        return True
+    idle, other = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    idle.setblocking(False)
+    os.dup2(idle.fileno(), backend)
+    stopper.join(5)
+    idle.close()
+    other.close()
+    if stopper.is_alive():
+        rig._hung = True
+    return False
+
+
+@pytest.mark.parametrize(
+    "mode",
+    list(MODES.values()),
+    ids=list(MODES),
+)
+def test_thread_stops_promptly_while_every_pass_finds_work(mode: int):
+    backend = endless_backend()
+    rig = Rig(slots=8, mode=mode, budget_us=100, backend_fd=backend)
+    try:
+        rig.start()
+        time.sleep(0.1)
+        assert rig.counters.rx_frames == rig.slots  # it is busy: ring full, dropping
+        assert rig.counters.rx_drops_full > 0
+        assert stop_or_rescue(rig, backend, 2.0), "io_stop did not return within 2 s"
+    finally:
+        stop_or_rescue(rig, backend, 2.0)  # the thread must be gone before the fd
+        rig.close()
+        os.close(backend)
+
+
+@pytest.mark.parametrize("case", ["empty-datagram", "eof"])
+@pytest.mark.parametrize("full", [False, True], ids=["room", "full"])
+def test_zero_byte_backend_reads_are_not_delivered_as_frames(rigs, case: str, full: bool):
+    """The guest driver rejects a len-0 RX slot, so the host must never
+    publish one; and a backend at end of file must not look busy forever."""
+    rig = rigs(slots=8)
+    if full:
+        rig.backend_send([frame(i, 10) for i in range(rig.slots)])
+        rig.service_until_idle()
+    before = rig.count()
+    if case == "eof":
+        rig.peer.close()
+    else:
+        rig.backend_send([b""])
+    lib.io_service(rig.io)
+    assert lib.io_service(rig.io) == 0, "io_service keeps finding 'frames'"
+    assert rig.count() == before
+    published = rig.slots if full else 0
+    assert rig.rx.prod == (NEAR_WRAP + published) & MASK, "an empty frame was published"
+
+
+# -- set-up and argument checks ----------------------------------------------
+
+
+def test_add_port_rejects_slot_counts_that_are_not_powers_of_two(rigs):
+    rig = rigs(slots=8)
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        for slots in (0, 3, 6, 12, 2**31 + 1):
+            assert lib.io_add_port(rig.io, a.fileno(), rig.rx, rig.tx, slots) == -errno.EINVAL
+        assert lib.io_port_counters(rig.io, 1) == ffi.NULL
+    finally:
+        a.close()
+        b.close()
+
+
+def test_add_port_rejects_a_bad_fd(rigs):
+    rig = rigs(slots=8)
+    assert lib.io_add_port(rig.io, -1, rig.rx, rig.tx, 8) == -errno.EBADF
+    assert lib.io_port_counters(rig.io, 1) == ffi.NULL
+
+
+def test_add_port_refuses_more_than_max_devices_and_after_start():
+    io = lib.io_create(lib.IO_MODE_EVENT, 0, -1, -1, -1)
+    assert io != ffi.NULL
+    rings = ffi.new("uint8_t[]", 2 * lib.shm_test_ring_size(1))
+    rx = rings
+    tx = ffi.cast("uint8_t *", rings) + lib.shm_test_ring_size(1)
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(18)]
+    for a, _ in pairs:
+        a.setblocking(False)  # as a tap is: the thread must never block in read
+    started = False
+    try:
+        for i in range(lib.SHM_MAX_DEVICES):
+            assert lib.io_add_port(io, pairs[i][0].fileno(), rx, tx, 1) == i
+        assert lib.io_add_port(io, pairs[16][0].fileno(), rx, tx, 1) == -errno.EBUSY
+        assert lib.io_port_counters(io, lib.SHM_MAX_DEVICES) == ffi.NULL
+        assert lib.io_port_counters(io, -1) == ffi.NULL
+        assert lib.io_start(io) == 0
+        started = True
+        assert lib.io_start(io) == -errno.EBUSY
+        assert lib.io_add_port(io, pairs[17][0].fileno(), rx, tx, 1) == -errno.EBUSY
+    finally:
+        stopper = threading.Thread(target=lib.io_stop, args=(io,), daemon=True)
+        stopper.start()
+        stopper.join(5)
+        if not stopper.is_alive():
+            lib.io_destroy(io)
+        for a, b in pairs:
+            a.close()
+            b.close()
+        assert not (started and stopper.is_alive()), "io_stop did not return within 5 s"
+
+
+def test_stop_and_destroy_without_start_are_safe():
+    io = lib.io_create(lib.IO_MODE_POLL, 0, -1, -1, -1)
+    assert io != ffi.NULL
+    lib.io_stop(io)
+    lib.io_stop(io)
+    assert lib.io_cpu_ns(io) == 0
+    assert lib.io_service(io) == 0  # no ports: nothing to do
+    lib.io_destroy(io)
+    lib.io_destroy(ffi.NULL)
