@@ -9,6 +9,8 @@ datagrams of --size payload bytes (C sendmmsg sender, pyvmm.traffic) for
 --seconds, and reports what the guest itself received and checked (frames
 with a bad payload pattern count as errors), the VM exits KVM counted
 (KVM_GET_STATS_FD) and those that reached pyvmm, the host-side drops, and
+"lost %" is every datagram sent that the guest did not count (ring drops
+plus the tap's own queue overflowing, which is how --shm=off loses them),
 the CPU time of the vCPU thread and the IO thread (as % of the whole run,
 boot and idle timeout included). rx pps is the guest's own count over its
 first-to-last frame time; exit rates are over the sender's window. Nothing
@@ -58,6 +60,8 @@ def run_mode(mode: str, args) -> dict:
             argv += ["--pin", "vcpu=0,io=1" if mode != "off" else "vcpu=0"]
         if args.slots:
             argv += [f"--shm-slots={args.slots}"]
+        if args.budget:
+            argv += [f"--hybrid-budget={args.budget}"]
         argv += [str(GUEST), GUEST_IP, str(PORT), "0", str(args.idle_ms)]
         vm = ns.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         head = ""
@@ -120,6 +124,7 @@ def summarize(r: dict) -> dict:
         "exits_per_kframe": kvm_exits / max(frames, 1) * 1000,
         "kvm_exits": kvm_exits,
         "drops": drops,
+        "lost": 100 * (1 - frames / max(sent["sent"], 1)),
         "vcpu_cpu": stats["vcpu_thread_cpu_ns"] / 1e9 / seconds * 100,
         "window": window,
         "io_cpu": io_cpu,
@@ -135,6 +140,7 @@ def main() -> int:
     parser.add_argument("--pin", action="store_true", help="vCPU on CPU 0, IO thread on 1")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--slots", type=int, default=0, help="--shm-slots (0: default)")
+    parser.add_argument("--budget", type=int, default=0, help="--hybrid-budget in us (0: default)")
     parser.add_argument("--json", action="store_true", help="also dump raw results")
     args = parser.parse_args()
 
@@ -148,8 +154,8 @@ def main() -> int:
     )
     header = (
         f"{'mode':<7} {'offered pps':>11} {'rx pps':>9} {'frames':>9} {'errors':>6} "
-        f"{'KVM exits/s':>11} {'exits/1k fr':>11} {'to pyvmm/s':>10} {'drops':>8} "
-        f"{'vCPU %':>6} {'IO %':>5}"
+        f"{'KVM exits/s':>11} {'exits/1k fr':>11} {'to pyvmm/s':>10} {'ring drops':>10} "
+        f"{'lost %':>6} {'vCPU %':>6} {'IO %':>5}"
     )
     print(header)
     raw = []
@@ -160,7 +166,7 @@ def main() -> int:
         print(
             f"{s['mode']:<7} {s['offered']:>11.0f} {s['received']:>9.0f} {s['frames']:>9} "
             f"{s['errors']:>6} {s['kvm_exits_s']:>11.0f} {s['exits_per_kframe']:>11.1f} "
-            f"{s['to_pyvmm_s']:>10.0f} {s['drops']:>8} {s['vcpu_cpu']:>6.0f} "
+            f"{s['to_pyvmm_s']:>10.0f} {s['drops']:>10} {s['lost']:>6.1f} {s['vcpu_cpu']:>6.0f} "
             f"{s['io_cpu']:>5.0f}",
             flush=True,
         )
