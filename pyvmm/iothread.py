@@ -9,6 +9,7 @@ counters.
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 from pyvmm._native import ffi, lib
@@ -91,3 +92,35 @@ class IoThread:
         counters = {name: getattr(s, name) for name in THREAD_COUNTERS}
         counters["cpu_ns"] = lib.io_cpu_ns(self._io)
         return counters
+
+
+class IoService:
+    """Devices served by one IoThread; the guest kicks it through a port
+    write that KVM turns into an eventfd signal (``KVM_IOEVENTFD``), so a
+    kick never exits to pyvmm. Subclasses attach their devices in
+    ``__init__`` between ``_open`` and the end, and call ``close`` on error.
+    """
+
+    def _open(self, config: IoConfig, vm, kick_port: int, *, wake: bool) -> None:
+        self.config = config
+        self._stack = ExitStack()
+        self.kick_fd = self._eventfd()
+        vm.add_ioeventfd(self.kick_fd, kick_port, 4, pio=True)
+        # wake: the IO thread wakes the vCPU blocked in the poll hypercall.
+        self.wake_fd = self._eventfd() if wake else -1
+        self.io = IoThread(config, self.kick_fd, self.wake_fd)
+        self._stack.callback(self.io.close)
+
+    def _eventfd(self) -> int:
+        fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self._stack.callback(os.close, fd)
+        return fd
+
+    def start(self) -> None:
+        self.io.start()
+
+    def stop(self) -> None:
+        self.io.stop()
+
+    def close(self) -> None:
+        self._stack.close()

@@ -11,9 +11,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from types import TracebackType
 from typing import Any
 
+from pyvmm.devices.fd import OwnedFd
 from pyvmm.errors import DeviceError
 
 #: The manifest carries ``block_size`` in a u16, so 32 KiB is the largest
@@ -22,7 +22,7 @@ MAX_BLOCK_SIZE = 1 << 15
 MIN_BLOCK_SIZE = 512
 
 
-class BlockDevice:
+class BlockDevice(OwnedFd):
     """One disk image opened read-write; ``capacity`` is fixed at open time."""
 
     def __init__(self, name: str, path: str, fd: int, capacity: int, block_size: int) -> None:
@@ -30,7 +30,7 @@ class BlockDevice:
         self.path = path
         self.capacity = capacity
         self.block_size = block_size
-        self._fd = fd
+        self.fd = fd
 
     @classmethod
     def open(cls, name: str, path: str, block_size: int = 512) -> BlockDevice:
@@ -104,7 +104,7 @@ class BlockDevice:
         self._check(offset, len(view))
         done = 0
         while done < len(view):
-            n = os.preadv(self._fd, [view[done:]], offset + done)
+            n = os.preadv(self.fd, [view[done:]], offset + done)
             if n == 0:
                 raise OSError(errno.EIO, f"unexpected end of file in {self.path}")
             done += n
@@ -118,35 +118,10 @@ class BlockDevice:
         self._check(offset, len(view))
         done = 0
         while done < len(view):
-            n = os.pwritev(self._fd, [view[done:]], offset + done)
+            n = os.pwritev(self.fd, [view[done:]], offset + done)
             if n == 0:
                 raise OSError(errno.EIO, f"no progress writing {self.path}")
             done += n
-
-    def fileno(self) -> int:
-        """The backing file descriptor (-1 once closed)."""
-        return self._fd
-
-    @property
-    def closed(self) -> bool:
-        return self._fd < 0
-
-    def close(self) -> None:
-        """Close the backing file; safe to call more than once."""
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            os.close(fd)
-
-    def __enter__(self) -> BlockDevice:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (

@@ -11,13 +11,12 @@ Layout and protocol: csrc/shmstream.h, docs/abi.md, docs/modes.md.
 from __future__ import annotations
 
 import os
-from contextlib import ExitStack
 from dataclasses import dataclass
 
 from pyvmm._native import ffi, lib
 from pyvmm.devices.net.device import NetDevice
 from pyvmm.errors import UsageError
-from pyvmm.iothread import IoConfig, IoThread
+from pyvmm.iothread import IoConfig, IoService
 from pyvmm.memory import MIB, PAGE_SIZE, GuestMemory
 
 REGION_ALIGN = 2 * MIB
@@ -94,7 +93,7 @@ class ShmLayout:
                 ring.slot_size = lib.SHM_SLOT_SIZE
 
 
-class ShmStream:
+class ShmStream(IoService):
     """The IO thread serving every net device of one guest through rings."""
 
     def __init__(
@@ -106,17 +105,9 @@ class ShmStream:
         vm,
     ) -> None:
         self.layout = layout
-        self.config = config
         self.nets = nets
-        self._stack = ExitStack()
+        self._open(config, vm, lib.SHM_KICK_PIO, wake=True)
         try:
-            # Guest kicks (TX) land in kick_fd inside KVM, without an exit.
-            self.kick_fd = self._eventfd()
-            vm.add_ioeventfd(self.kick_fd, lib.SHM_KICK_PIO, 4, pio=True)
-            # The IO thread wakes the vCPU blocked in the poll hypercall.
-            self.wake_fd = self._eventfd()
-            self.io = IoThread(config, self.kick_fd, self.wake_fd)
-            self._stack.callback(self.io.close)
             self._rx: dict[int, object] = {}
             for i, handle in enumerate(layout.handles):
                 device = nets[handle]
@@ -131,22 +122,8 @@ class ShmStream:
                 self.io.add_port(device.fileno(), rx, tx, layout.slots)
                 self._rx[handle] = ffi.cast("struct shm_ring *", rx)
         except BaseException:
-            self._stack.close()
+            self.close()
             raise
-
-    def _eventfd(self) -> int:
-        fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-        self._stack.callback(os.close, fd)
-        return fd
-
-    def start(self) -> None:
-        self.io.start()
-
-    def stop(self) -> None:
-        self.io.stop()
-
-    def close(self) -> None:
-        self._stack.close()
 
     def ready_set(self) -> int:
         """Handles whose RX ring holds frames the guest has not consumed.

@@ -10,18 +10,15 @@ answers submissions: writes go to the tap, reads are committed at once.
 
 from __future__ import annotations
 
-import os
-from contextlib import ExitStack
-
 from pyvmm._native import ffi, lib
 from pyvmm.devices.net.device import NetDevice
-from pyvmm.iothread import IoConfig, IoThread
+from pyvmm.iothread import IoConfig, IoService
 from pyvmm.memory import MIB, GuestMemory
 
 RING_AREA = 2 * MIB
 
 
-class Solo5RingService:
+class Solo5RingService(IoService):
     """The ring at ``gpa``; guest buffers must lie below ``usable``."""
 
     def __init__(
@@ -34,31 +31,16 @@ class Solo5RingService:
         vm,
     ) -> None:
         self.gpa = gpa
-        self.config = config
-        self._stack = ExitStack()
+        # No host-to-guest notification: the guest spins for its commits.
+        self._open(config, vm, lib.HVT_RING_KICK_PIO, wake=False)
         try:
-            self.kick_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-            self._stack.callback(os.close, self.kick_fd)
-            vm.add_ioeventfd(self.kick_fd, lib.HVT_RING_KICK_PIO, 4, pio=True)
-            # No host-to-guest notification: the guest spins for its commits.
-            self.io = IoThread(config, self.kick_fd, -1)
-            self._stack.callback(self.io.close)
             ring = memory.pointer(gpa, ffi.sizeof("struct solo5_ring"), what="Solo5 ring")
             self.io.serve_solo5_ring(ring, memory.pointer(0, usable, write=False), usable)
             for handle, device in nets.items():
                 self.io.attach_solo5(handle, device.fileno())
         except BaseException:
-            self._stack.close()
+            self.close()
             raise
-
-    def start(self) -> None:
-        self.io.start()
-
-    def stop(self) -> None:
-        self.io.stop()
-
-    def close(self) -> None:
-        self._stack.close()
 
     def counters(self) -> dict:
         return {

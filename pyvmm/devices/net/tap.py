@@ -19,10 +19,10 @@ import socket
 import struct
 import threading
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any, TypeVar
 
 from pyvmm._native import ffi, lib
+from pyvmm.devices.fd import OwnedFd
 from pyvmm.errors import DeviceError
 
 _T = TypeVar("_T")
@@ -85,7 +85,7 @@ _DRVINFO_BUS = slice(100, 132)
 _DROP_ERRNOS = frozenset({errno.EAGAIN, errno.ENOBUFS, errno.EIO, errno.EINVAL})
 
 
-class TapBackend:
+class TapBackend(OwnedFd):
     """An attached, non-blocking tap fd (``IFF_TAP | IFF_NO_PI``) and its facts.
 
     ``mtu`` is read once at attach time: the guest learns it from the
@@ -241,31 +241,6 @@ class TapBackend:
                 return False
             raise
         return True
-
-    def fileno(self) -> int:
-        """The tap fd, for epoll and for the C data plane (-1 once closed)."""
-        return self.fd
-
-    @property
-    def closed(self) -> bool:
-        return self.fd < 0
-
-    def close(self) -> None:
-        """Detach from the tap; safe to call more than once."""
-        fd, self.fd = self.fd, -1
-        if fd >= 0:
-            os.close(fd)
-
-    def __enter__(self) -> TapBackend:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"TapBackend(fd={self.fd}, ifname={self.ifname!r}, mtu={self.mtu})"
