@@ -23,14 +23,19 @@ def pyvmm_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "pyvmm", *map(str, args)]
 
 
-def start_guest(ns: NetNamespace, *args: str) -> tuple[subprocess.Popen, str]:
+def start_guest(ns: NetNamespace, *args: str, **kwargs) -> tuple[subprocess.Popen, str]:
     """Start pyvmm in the namespace and wait until the guest listens.
 
     A tap drops what the host sends while no process has it attached, so
     pinging before the guest is up would test nothing but that race.
     """
     vm = ns.popen(
-        pyvmm_argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+        pyvmm_argv(*args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        **kwargs,
     )
     seen = ""
     for line in vm.stdout:
@@ -78,3 +83,29 @@ def test_short_net_option_and_guest_sees_real_mtu():
         assert vm.returncode == 0, out + err
         assert "MTU: 1400" in out
         assert "02:00:00:00:00:2a" in out.lower()
+
+
+def test_tap_passed_as_open_file_descriptor():
+    """--net:NAME=@FD, as orchestrators pass an already opened tap."""
+    from pyvmm.devices.net.tap import TapBackend
+
+    with NetNamespace() as ns:
+        ns.add_tap("tap100", address="10.0.0.1/24")
+        with ns.inside():
+            tap = TapBackend.open("tap100")
+        fd = tap.fileno()
+        try:
+            vm, head = start_guest(
+                ns, f"--net:service0=@{fd}", guest("ping"), GUEST_IP, "2", pass_fds=(fd,)
+            )
+        finally:
+            tap.close()  # pyvmm holds its own copy now
+        ping = ns.run(
+            ["ping", "-c", "2", "-i", "0.2", "-W", "5", GUEST_IP],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        out, err = vm.communicate(timeout=60)
+        assert ping.returncode == 0, ping.stdout + ping.stderr
+        assert vm.returncode == 0, head + out + err
