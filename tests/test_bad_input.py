@@ -142,3 +142,24 @@ def test_help_and_version_exit_zero():
     assert result.returncode == 0 and "usage: pyvmm" in result.stdout
     result = run_pyvmm("--version")
     assert result.returncode == 0 and "pyvmm" in result.stdout and "KVM" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "option, words",
+    [
+        ("--shm=fast", ["--shm", "fast", "off, poll, event, hybrid"]),
+        ("--shm-slots=3", ["--shm-slots", "power of two"]),
+        ("--shm-slots=65536", ["--shm-slots", "power of two"]),
+        ("--hybrid-budget=0", ["--hybrid-budget", "positive integer"]),
+        ("--hybrid-budget=soon", ["--hybrid-budget", "positive integer"]),
+        ("--pin=vcpu=99", ["--pin", "CPU 99 is not available"]),
+        ("--pin=gpu=0", ["--pin", "vcpu=N or io=N"]),
+        ("--cpl=2", ["--cpl", "auto, 0, 3"]),
+    ],
+)
+def test_bad_option_values(option, words):
+    assert_error(run_pyvmm(option, guest("hello")), *words)
+
+
+def test_pin_needs_a_value():
+    assert_error(run_pyvmm("--pin"), "--pin", "missing value")
