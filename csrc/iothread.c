@@ -36,6 +36,7 @@ struct solo5_port {
     int fd[SOLO5_MAX_HANDLES];
     uint32_t ent_head;   /* trusted copies of the host-owned indices */
     uint32_t com_tail;
+    int stalled;         /* a read waits for commit room: sleep till a kick */
     struct solo5_ring_counters c;
 };
 
@@ -257,10 +258,12 @@ static int service_solo5(struct solo5_port *sp)
             uint32_t used = sp->com_tail - shm_load_acquire(&r->com_head);
             if (used > SOLO5_RING_ENTRIES) {
                 sp->c.bad_index++;
+                sp->stalled = 1;
                 break;
             }
             if (used == SOLO5_RING_ENTRIES) {
                 sp->c.commit_stalls++;
+                sp->stalled = 1;
                 break;
             }
         }
@@ -352,9 +355,14 @@ static int prepare_sleep(struct iothread *io)
     }
     if (io->s5.ring) {
         struct solo5_ring *r = io->s5.ring;
+        uint32_t pending;
         __atomic_store_n(&r->needs_kick, 1, __ATOMIC_RELAXED);
         shm_full_fence();
-        if (shm_load_acquire(&r->ent_tail) != io->s5.ent_head)
+        /* Only work that can progress keeps us awake: an impossible
+         * ent_tail, or reads waiting for commit room (the guest kicks again
+         * once it has consumed commits), must not make this thread spin. */
+        pending = shm_load_acquire(&r->ent_tail) - io->s5.ent_head;
+        if (pending != 0 && pending <= SOLO5_RING_ENTRIES && !io->s5.stalled)
             ok = 0;
     }
     if (!ok)
@@ -373,6 +381,7 @@ static void sleep_until_event(struct iothread *io)
         n = epoll_wait(io->epfd, ev, SHM_MAX_DEVICES + 2, -1);
     while (n < 0 && errno == EINTR && !io->stop);
     io->stats.wakeups++;
+    io->s5.stalled = 0;
     wake_all(io);
     for (i = 0; i < n; i++) {
         int fd = ev[i].data.fd;

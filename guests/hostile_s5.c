@@ -1,0 +1,2 @@
+/* hostile.c against Solo5's ring: the same program, a note without shmstream. */
+#include "hostile.c"
