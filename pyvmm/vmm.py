@@ -45,6 +45,7 @@ from pyvmm.kvm.stats import KvmStats
 from pyvmm.kvm.system import kvm_flavour
 from pyvmm.loader import (
     BlockAttachment,
+    DeviceType,
     Kernel,
     NetAttachment,
     load_kernel,
@@ -103,8 +104,7 @@ def choose_cpl(requested: str, kernel: Kernel, flavour: str) -> int:
 def check_devices(config: VmConfig, kernel: Kernel) -> dict[str, str]:
     """Match command-line devices against the manifest; returns name -> iface."""
     nets = dict(config.nets)
-    net_entries = kernel.manifest.devices(lib.MFT_DEV_NET_BASIC)
-    block_entries = kernel.manifest.devices(lib.MFT_DEV_BLOCK_BASIC)
+    net_entries = kernel.manifest.devices(DeviceType.NET)
     if config.default_net is not None:
         if len(net_entries) != 1:
             names = ", ".join(e.name for e in net_entries) or "none"
@@ -113,24 +113,9 @@ def check_devices(config: VmConfig, kernel: Kernel) -> dict[str, str]:
                 f"of {kernel.path} (it declares: {names}); use --net:NAME=IFACE"
             )
         nets.setdefault(net_entries[0].name, config.default_net)
-    declared = {e.name: e.type for e in kernel.manifest.entries[1:]}
-    kinds = {lib.MFT_DEV_NET_BASIC: "net", lib.MFT_DEV_BLOCK_BASIC: "block"}
-    for option, names, kind in (
-        ("--net", nets, lib.MFT_DEV_NET_BASIC),
-        ("--net-mac", config.net_macs, lib.MFT_DEV_NET_BASIC),
-        ("--block", config.blocks, lib.MFT_DEV_BLOCK_BASIC),
-        ("--block-sector-size", config.block_sector_sizes, lib.MFT_DEV_BLOCK_BASIC),
-    ):
-        for name in names:
-            if name not in declared:
-                raise UsageError(
-                    f"{option}:{name}: the manifest of {kernel.path} has no device '{name}'"
-                )
-            if declared[name] != kind:
-                raise UsageError(
-                    f"{option}:{name}: '{name}' is a {kinds.get(declared[name], '?')} device "
-                    f"in the manifest, not a {kinds[kind]} device"
-                )
+    requested = {name: DeviceType.NET for name in nets}
+    requested |= {name: DeviceType.BLOCK for name in config.blocks}
+    kernel.manifest.check_devices(requested)
     for name in config.net_macs:
         if name not in nets:
             raise UsageError(f"--net-mac:{name} given but net device '{name}' is not attached")
@@ -138,16 +123,6 @@ def check_devices(config: VmConfig, kernel: Kernel) -> dict[str, str]:
         if name not in config.blocks:
             raise UsageError(
                 f"--block-sector-size:{name} given but block device '{name}' is not attached"
-            )
-    for entry in net_entries:
-        if entry.name not in nets:
-            raise UsageError(
-                f"net device '{entry.name}' is not attached: use --net:{entry.name}=IFACE"
-            )
-    for entry in block_entries:
-        if entry.name not in config.blocks:
-            raise UsageError(
-                f"block device '{entry.name}' is not attached: use --block:{entry.name}=PATH"
             )
     return nets
 

@@ -174,27 +174,38 @@ class Manifest:
         return MFT_HEADER_SIZE + len(self.entries) * MFT_ENTRY_SIZE
 
     # -- the guest's copy -------------------------------------------------
-    def check_attachments(self, attachments: Mapping[str, Attachment]) -> None:
-        """Every declared device attached, nothing undeclared, types matching.
+    def check_devices(self, requested: Mapping[str, DeviceType]) -> None:
+        """Every declared device requested, nothing undeclared, types matching.
 
         solo5-hvt refuses to start otherwise, so a typo on the command line
-        never leaves a guest waiting for a device that will not come.
+        never leaves a guest waiting for a device that will not come. The
+        VMM calls this with what the command line asks for, before opening
+        anything; ``guest_copy`` calls it again with what was attached.
         """
-        for name, att in attachments.items():
+        for name, kind in requested.items():
             entry = self.by_name(name)
             if entry is None:
-                raise UsageError(f"{self.source} does not declare a device named '{name}'")
-            given = "net" if isinstance(att, NetAttachment) else "block"
-            if given != entry.type.label:
+                raise UsageError(f"{self.source}: the manifest declares no device named '{name}'")
+            if kind != entry.type:
                 raise UsageError(
-                    f"{self.source} declares '{name}' as a {entry.type.label} device, not {given}"
+                    f"{self.source} declares '{name}' as a {entry.type.label} device, "
+                    f"not {DeviceType(kind).label}"
                 )
         for entry in self.devices():
-            if entry.name not in attachments:
+            if entry.name not in requested:
                 raise UsageError(
                     f"{self.source} declares {entry.type.label} device '{entry.name}' "
                     f"but it is not attached (--{entry.type.label}:{entry.name}=...)"
                 )
+
+    def check_attachments(self, attachments: Mapping[str, Attachment]) -> None:
+        """``check_devices`` for devices already attached."""
+        self.check_devices(
+            {
+                name: DeviceType.NET if isinstance(att, NetAttachment) else DeviceType.BLOCK
+                for name, att in attachments.items()
+            }
+        )
 
     def guest_copy(self, attachments: Mapping[str, Attachment]) -> bytes:
         """The filled-in ``struct mft`` the guest reads through boot info.

@@ -220,7 +220,9 @@ def test_guest_copy_refuses_an_undeclared_device() -> None:
         "storage": BlockAttachment(512, 512),
         "extra": NetAttachment(MAC, 1500),
     }
-    with pytest.raises(UsageError, match=r"^app\.hvt does not declare a device named 'extra'$"):
+    with pytest.raises(
+        UsageError, match=r"^app\.hvt: the manifest declares no device named 'extra'$"
+    ):
         m.guest_copy(atts)
 
 
