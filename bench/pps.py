@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,9 +47,6 @@ def run_mode(mode: str, args) -> dict:
             ["ip", "neigh", "replace", GUEST_IP, "lladdr", GUEST_MAC, "dev", "tap100"], check=True
         )
         argv = [
-            sys.executable,
-            "-m",
-            "pyvmm",
             "--stats",
             f"--shm={mode}",
             "--net:service0=tap100",
@@ -63,14 +59,10 @@ def run_mode(mode: str, args) -> dict:
         if args.budget:
             argv += [f"--hybrid-budget={args.budget}"]
         argv += [str(GUEST), GUEST_IP, str(PORT), "0", str(args.idle_ms)]
-        vm = ns.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        head = ""
-        for line in vm.stdout:
-            head += line
-            if line.startswith("ready"):
-                break
-        else:
-            raise SystemExit(f"{mode}: guest did not start: {head}{vm.stderr.read()}")
+        try:
+            vm, head = ns.start_pyvmm(*argv, cwd=ROOT)
+        except RuntimeError as err:
+            raise SystemExit(f"{mode}: {err}") from None
         sender = [
             sys.executable,
             "-m",

@@ -25,6 +25,7 @@ import ipaddress
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -229,6 +230,28 @@ class NetNamespace:
         proc = subprocess.Popen(list(argv), preexec_fn=enter, **kwargs)
         self._procs.append(proc)
         return proc
+
+    def start_pyvmm(
+        self, *args: str, ready: str = "ready", **kwargs: Any
+    ) -> tuple[subprocess.Popen[str], str]:
+        """Start ``pyvmm ARGS`` inside the namespace and wait for the guest.
+
+        Returns the process (stdout and stderr piped, text) and the output
+        read so far, which ends with the first line starting with ``ready``
+        (every network guest prints one once it listens). A tap drops what
+        the host sends while no process has it attached, so sending before
+        that line would only test that race. Raises RuntimeError with the
+        guest's output if it ends first.
+        """
+        argv = [sys.executable, "-m", "pyvmm", *map(str, args)]
+        proc = self.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+        head = ""
+        for line in proc.stdout:
+            head += line
+            if line.startswith(ready):
+                return proc, head
+        out, err = proc.communicate(timeout=30)
+        raise RuntimeError(f"pyvmm ended before the guest was ready: {head}{out}{err}")
 
     def run(
         self,

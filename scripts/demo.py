@@ -7,7 +7,6 @@ also on failure or Ctrl-C."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -53,17 +52,9 @@ def main() -> int:
         ns.add_tap("tap100", address="10.0.0.1/24")
         print(f"# namespace {ns.name}: tap100 10.0.0.1/24; guest 10.0.0.2")
         print("$ " + " ".join(command))
-        vm = ns.popen(
-            [sys.executable, "-m", "pyvmm", *command[1:]],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-        )
-        for line in vm.stdout:
-            print("  guest| " + line, end="")
-            if line.startswith("answering"):
-                break
+        vm, head = ns.start_pyvmm(*command[1:], cwd=ROOT)
+        for line in head.splitlines():
+            print("  guest| " + line)
         print("$ ping -c 5 -i 0.2 10.0.0.2")
         ping = ns.run(["ping", "-c", "5", "-i", "0.2", "10.0.0.2"], capture_output=True, text=True)
         for line in ping.stdout.splitlines():

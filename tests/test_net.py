@@ -4,7 +4,6 @@ removes: a tap in it, pyvmm running in it, the sender in it."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 
@@ -19,31 +18,9 @@ pytestmark = [
 GUEST_IP = "10.0.0.2"
 
 
-def pyvmm_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "pyvmm", *map(str, args)]
-
-
 def start_guest(ns: NetNamespace, *args: str, **kwargs) -> tuple[subprocess.Popen, str]:
-    """Start pyvmm in the namespace and wait until the guest listens.
-
-    A tap drops what the host sends while no process has it attached, so
-    pinging before the guest is up would test nothing but that race.
-    """
-    vm = ns.popen(
-        pyvmm_argv(*args),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        **kwargs,
-    )
-    seen = ""
-    for line in vm.stdout:
-        seen += line
-        if line.startswith("answering"):
-            return vm, seen
-    out, err = vm.communicate(timeout=30)
-    pytest.fail(f"guest did not start: {seen + out + err}")
+    """pyvmm in the namespace, once the guest listens."""
+    return ns.start_pyvmm(*args, cwd=ROOT, **kwargs)
 
 
 def test_guest_answers_ping_over_tap():

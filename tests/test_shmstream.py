@@ -29,27 +29,15 @@ class Guest:
     """pyvmm running one guest inside the namespace, started and ready."""
 
     def __init__(self, ns: NetNamespace, mode: str, name: str, *args: str) -> None:
-        argv = [
-            sys.executable,
-            "-m",
-            "pyvmm",
+        self.proc, self.head = ns.start_pyvmm(
             "--stats",
             f"--shm={mode}",
             "--net:service0=tap100",
             f"--net-mac:service0={GUEST_MAC}",
-            str(guest(name)),
+            guest(name),
             *args,
-        ]
-        self.proc = ns.popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+            cwd=ROOT,
         )
-        self.head = ""
-        for line in self.proc.stdout:
-            self.head += line
-            if line.startswith("ready") or line.startswith("answering"):
-                break
-        else:
-            pytest.fail(f"guest did not start: {self.head}{self.proc.stderr.read()}")
         expected = "hypercall" if mode == "off" else "shmstream"
         assert f"path: {expected}" in self.head
 
@@ -161,23 +149,15 @@ def test_solo5_ring_guest_answers_ping(mode):
     """A guest using Solo5's own ring I/O (not shmstream) is served by the
     IO thread: reads committed, writes sent, kicks only when it sleeps."""
     with namespace() as ns:
-        argv = [
-            sys.executable,
-            "-m",
-            "pyvmm",
+        vm, head = ns.start_pyvmm(
             "--stats",
             f"--shm={mode}",
             "--net:service0=tap100",
-            str(guest("s5ring")),
+            guest("s5ring"),
             GUEST_IP,
             "5",
-        ]
-        vm = ns.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        head = ""
-        for line in vm.stdout:
-            head += line
-            if line.startswith("ready"):
-                break
+            cwd=ROOT,
+        )
         assert "ring: solo5" in head, head + vm.stderr.read()
         ping = ns.run(
             ["ping", "-c", "5", "-i", "0.2", "-W", "5", GUEST_IP],
@@ -300,19 +280,15 @@ def test_hostile_guest_cannot_hurt_the_host(name, mode):
         ns.run(
             ["ip", "neigh", "replace", GUEST_IP, "lladdr", GUEST_MAC, "dev", "tap100"], check=True
         )
-        argv = [
-            sys.executable,
-            "-m",
-            "pyvmm",
+        vm, _ = ns.start_pyvmm(
             "--stats",
             f"--shm={mode}",
             "--net:service0=tap100",
             f"--net-mac:service0={GUEST_MAC}",
-            str(guest(name)),
+            guest(name),
             "20000",
-        ]
-        vm = ns.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        assert vm.stdout.readline().strip() == "ready"
+            cwd=ROOT,
+        )
         flood = ns.popen(
             [
                 sys.executable,

@@ -21,17 +21,8 @@ pytestmark = [
 
 def start_waiting_guest(ns: NetNamespace) -> subprocess.Popen:
     """The ping guest with no count waits in the poll hypercall forever."""
-    vm = ns.popen(
-        [sys.executable, "-m", "pyvmm", "--net:service0=tap100", str(guest("ping")), "10.0.0.2"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    for line in vm.stdout:
-        if line.startswith("answering"):
-            return vm
-    pytest.fail("guest did not start: " + vm.communicate(timeout=30)[1])
+    vm, _ = ns.start_pyvmm("--net:service0=tap100", guest("ping"), "10.0.0.2", cwd=ROOT)
+    return vm
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
