@@ -15,31 +15,16 @@ GUEST_MANIFEST(MFT_NET("service0"));
 
 int solo5_app_main(const struct solo5_start_info *si)
 {
-    const char *p = rt_skip_spaces(si->cmdline);
     uint64_t count = 0;
     uint8_t ip[4] = { 10, 0, 0, 2 };
 
-    if (*p != '\0') {
-        if (!np_parse_ip(&p, ip) || (*p != '\0' && *p != ' ')) {
-            rt_puts(USAGE);
-            return SOLO5_EXIT_FAILURE;
-        }
-        p = rt_skip_spaces(p);
-        if (*p != '\0' && (!rt_parse_u64(&p, &count) ||
-                           *rt_skip_spaces(p) != '\0')) {
-            rt_puts(USAGE);
-            return SOLO5_EXIT_FAILURE;
-        }
-    }
+    if (!np_parse_ip_count(si->cmdline, ip, &count, USAGE))
+        return SOLO5_EXIT_FAILURE;
 
     struct np_iface ifc;
     if (!np_open(&ifc, "service0", ip))
         return SOLO5_EXIT_FAILURE;
-    uint8_t *frame = rt_alloc(ifc.frame_size, 64);
-    if (frame == NULL) {
-        rt_puts("FAILURE: out of heap\n");
-        return SOLO5_EXIT_FAILURE;
-    }
+    uint8_t *frame = ifc.frame;
     if (count != 0)
         rt_printf("answering %lu echo requests\n", (unsigned long)count);
     else

@@ -108,21 +108,11 @@ static void ring_write(solo5_handle_t h, const uint8_t *frame, size_t len)
 
 int solo5_app_main(const struct solo5_start_info *si)
 {
-    const char *p = rt_skip_spaces(si->cmdline);
     uint64_t count = 0;
     uint8_t ip[4] = { 10, 0, 0, 2 };
 
-    if (*p != '\0') {
-        if (!np_parse_ip(&p, ip) || (*p != '\0' && *p != ' ')) {
-            rt_puts(USAGE);
-            return SOLO5_EXIT_FAILURE;
-        }
-        p = rt_skip_spaces(p);
-        if (*p != '\0' && (!rt_parse_u64(&p, &count) || *rt_skip_spaces(p) != '\0')) {
-            rt_puts(USAGE);
-            return SOLO5_EXIT_FAILURE;
-        }
-    }
+    if (!np_parse_ip_count(si->cmdline, ip, &count, USAGE))
+        return SOLO5_EXIT_FAILURE;
 
     const struct hvt_boot_info *bi = rt_boot_info();
     if (!(bi->host_features & HVT_FEATURE_RING_IO) || bi->net_ring == 0) {
@@ -136,9 +126,9 @@ int solo5_app_main(const struct solo5_start_info *si)
     struct np_iface ifc;
     if (!np_open(&ifc, "service0", ip))
         return SOLO5_EXIT_FAILURE;
-    uint8_t *frame = rt_alloc(ifc.frame_size, 64);
+    uint8_t *frame = ifc.frame;
     tx_buf = rt_alloc(sizeof(*tx_buf) * SOLO5_RING_ENTRIES, 64);
-    if (frame == NULL || tx_buf == NULL || ifc.frame_size > sizeof(*tx_buf)) {
+    if (tx_buf == NULL || ifc.frame_size > sizeof(*tx_buf)) {
         rt_puts("FAILURE: out of heap\n");
         return SOLO5_EXIT_FAILURE;
     }

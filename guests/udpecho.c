@@ -36,11 +36,7 @@ int solo5_app_main(const struct solo5_start_info *si)
     struct np_iface ifc;
     if (!np_open(&ifc, "service0", ip))
         return SOLO5_EXIT_FAILURE;
-    uint8_t *frame = rt_alloc(ifc.frame_size, 64);
-    if (frame == NULL) {
-        rt_puts("FAILURE: out of heap\n");
-        return SOLO5_EXIT_FAILURE;
-    }
+    uint8_t *frame = ifc.frame;
     if (count != 0)
         rt_printf("ready: echoing %lu UDP datagrams to port %lu\n",
                   (unsigned long)count, (unsigned long)port);

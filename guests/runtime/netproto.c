@@ -117,6 +117,11 @@ bool np_open(struct np_iface *ifc, const char *name, const uint8_t ip[4])
     memcpy(ifc->ip, ip, 4);
     ifc->mtu = info.mtu;
     ifc->frame_size = info.mtu + SOLO5_NET_HLEN;
+    ifc->frame = rt_alloc(ifc->frame_size, 64);
+    if (ifc->frame == NULL) {
+        rt_puts("FAILURE: out of heap\n");
+        return false;
+    }
     const uint8_t *m = ifc->mac;
     rt_printf("MAC: %02x:%02x:%02x:%02x:%02x:%02x\n", m[0], m[1], m[2], m[3],
               m[4], m[5]);
@@ -125,6 +130,24 @@ bool np_open(struct np_iface *ifc, const char *name, const uint8_t ip[4])
     rt_printf("path: %s\n",
               pyvmm_net_shm_active(ifc->handle) ? "shmstream" : "hypercall");
     return true;
+}
+
+bool np_parse_ip_count(const char *cmdline, uint8_t ip[4], uint64_t *count,
+                       const char *usage)
+{
+    const char *p = rt_skip_spaces(cmdline);
+
+    if (*p == '\0')
+        return true;
+    if (!np_parse_ip(&p, ip) || (*p != '\0' && *p != ' '))
+        goto bad;
+    p = rt_skip_spaces(p);
+    if (*p != '\0' && (!rt_parse_u64(&p, count) || *rt_skip_spaces(p) != '\0'))
+        goto bad;
+    return true;
+bad:
+    rt_puts(usage);
+    return false;
 }
 
 bool np_to_us(const struct np_iface *ifc, const uint8_t *f, size_t len)

@@ -30,6 +30,7 @@ struct np_iface {
     uint8_t ip[4];
     size_t mtu;
     size_t frame_size;          /* mtu + ETH_HLEN: the largest frame */
+    uint8_t *frame;             /* a receive buffer of frame_size bytes */
 };
 
 /* A checked IPv4 packet inside a frame (pointers into the frame). */
@@ -83,6 +84,11 @@ bool np_parse_mac(const char **s, uint8_t mac[ETH_ALEN]);
  * `MAC:`, `MTU:`, `IP:` and `path: shmstream|hypercall` lines.  False (and a
  * FAILURE: line) if the device cannot be acquired. */
 bool np_open(struct np_iface *ifc, const char *name, const uint8_t ip[4]);
+
+/* The command line "[IP [COUNT]]" of ping-like programs; on a bad one,
+ * prints `usage` and returns false. */
+bool np_parse_ip_count(const char *cmdline, uint8_t ip[4], uint64_t *count,
+                       const char *usage);
 
 /* Whether the frame is addressed to our MAC, or is a broadcast. */
 bool np_to_us(const struct np_iface *ifc, const uint8_t *f, size_t len);
