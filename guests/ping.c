@@ -42,14 +42,8 @@ int solo5_app_main(const struct solo5_start_info *si)
          * means the tender's ready set is wrong, which is worth a line. */
         for (;;) {
             size_t len = 0, out;
-            solo5_result_t r = solo5_net_read(ifc.handle, frame,
-                                              ifc.frame_size, &len);
-            if (r == SOLO5_R_AGAIN)
+            if (!np_recv(&ifc, &len))
                 break;
-            if (r != SOLO5_R_OK) {
-                rt_printf("FAILURE: net_read: %d\n", (int)r);
-                return SOLO5_EXIT_FAILURE;
-            }
             if (!reported && !warned) {
                 rt_puts("ping: warning: a frame was waiting but poll did not "
                         "report the device ready\n");

@@ -101,14 +101,8 @@ int solo5_app_main(const struct solo5_start_info *si)
         bool queued = false;
         for (;;) {
             size_t len = 0, out;
-            solo5_result_t r = solo5_net_read(ifc.handle, frame,
-                                              ifc.frame_size, &len);
-            if (r == SOLO5_R_AGAIN)
+            if (!np_recv(&ifc, &len))
                 break;
-            if (r != SOLO5_R_OK) {
-                rt_printf("FAILURE: net_read: %d\n", (int)r);
-                return SOLO5_EXIT_FAILURE;
-            }
             n++;
             struct np_ipv4 pkt;
             struct np_udp udp;

@@ -132,6 +132,19 @@ bool np_open(struct np_iface *ifc, const char *name, const uint8_t ip[4])
     return true;
 }
 
+bool np_recv(const struct np_iface *ifc, size_t *len)
+{
+    solo5_result_t r = solo5_net_read(ifc->handle, ifc->frame, ifc->frame_size, len);
+
+    if (r == SOLO5_R_AGAIN)
+        return false;
+    if (r != SOLO5_R_OK) {
+        rt_printf("FAILURE: net_read: %d\n", (int)r);
+        solo5_exit(SOLO5_EXIT_FAILURE);
+    }
+    return true;
+}
+
 bool np_parse_ip_count(const char *cmdline, uint8_t ip[4], uint64_t *count,
                        const char *usage)
 {

@@ -85,6 +85,10 @@ bool np_parse_mac(const char **s, uint8_t mac[ETH_ALEN]);
  * FAILURE: line) if the device cannot be acquired. */
 bool np_open(struct np_iface *ifc, const char *name, const uint8_t ip[4]);
 
+/* Read the next waiting frame into ifc->frame: true with *len set, false
+ * when none is waiting; a read error ends the program (FAILURE, exit 1). */
+bool np_recv(const struct np_iface *ifc, size_t *len);
+
 /* The command line "[IP [COUNT]]" of ping-like programs; on a bad one,
  * prints `usage` and returns false. */
 bool np_parse_ip_count(const char *cmdline, uint8_t ip[4], uint64_t *count,
