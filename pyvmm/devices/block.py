@@ -13,8 +13,8 @@ import os
 import stat
 from typing import Any
 
-from pyvmm.devices.fd import OwnedFd
 from pyvmm.errors import DeviceError
+from pyvmm.fd import OwnedFd
 
 #: The manifest carries ``block_size`` in a u16, so 32 KiB is the largest
 #: power of two a guest can be told about.

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from pyvmm._native import ffi, lib
 from pyvmm.errors import HostError
+from pyvmm.fd import OwnedFd
 from pyvmm.kvm.ioctl import KvmError, ioctl
 from pyvmm.kvm.vm import Vm
 
@@ -47,7 +48,7 @@ def kvm_flavour() -> str:
     return "arm64" if platform.machine() == "aarch64" else "unknown"
 
 
-class System:
+class System(OwnedFd):
     """An open /dev/kvm; a context manager that closes it."""
 
     def __init__(self, path: str = KVM_PATH) -> None:
@@ -71,17 +72,6 @@ class System:
         except BaseException:
             os.close(self.fd)
             raise
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-    def __enter__(self) -> System:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def check_extension(self, cap: int) -> int:
         return ioctl(self.fd, lib.KVM_CHECK_EXTENSION, cap, call="KVM_CHECK_EXTENSION")

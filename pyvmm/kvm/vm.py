@@ -6,6 +6,7 @@ import os
 from typing import TYPE_CHECKING
 
 from pyvmm._native import ffi, lib
+from pyvmm.fd import OwnedFd
 from pyvmm.kvm.ioctl import ioctl
 from pyvmm.kvm.vcpu import Vcpu
 
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
     from pyvmm.kvm.system import System
 
 
-class Vm:
+class Vm(OwnedFd):
     """One VM; closing it closes every vCPU it created."""
 
     def __init__(self, fd: int, system: System) -> None:
@@ -25,15 +26,7 @@ class Vm:
         for vcpu in self.vcpus:
             vcpu.close()
         self.vcpus.clear()
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-    def __enter__(self) -> Vm:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().close()
 
     def set_memory(
         self, slot: int, gpa: int, size: int, host_addr: int, *, readonly: bool = False

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pyvmm._native import ffi, lib
-from pyvmm.devices.fd import OwnedFd
 from pyvmm.errors import DeviceError
+from pyvmm.fd import OwnedFd
 
 _T = TypeVar("_T")
 

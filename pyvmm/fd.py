@@ -1,4 +1,4 @@
-"""What every host-side device backend that owns one file descriptor does."""
+"""What every object that owns one file descriptor does (KVM fds, devices)."""
 
 from __future__ import annotations
 
