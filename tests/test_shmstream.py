@@ -104,7 +104,9 @@ def test_flood_is_received_intact(mode):
     """A paced flood of 1300-byte datagrams: every one the guest got has the
     right payload, in order; in shmstream modes the host's count of frames
     delivered into the ring equals the guest's count exactly."""
-    count, rate = 20000, 10000
+    # The hypercall path tops out near 14k frames/s here (one exit each):
+    # offer it a rate it can take even on a loaded machine.
+    count, rate = (6000, 3000) if mode == "off" else (20000, 10000)
     with namespace() as ns:
         ns.run(
             ["ip", "neigh", "replace", GUEST_IP, "lladdr", GUEST_MAC, "dev", "tap100"], check=True
