@@ -173,5 +173,6 @@ def build_ffi(machine: str | None = None) -> FFI:
 
 ffibuilder = build_ffi()
 
-if __name__ == "__main__":
-    ffibuilder.compile(verbose=True)
+# Build with pip (`pip install -e .`), which runs this through setup.py's
+# cffi_modules; there is deliberately no direct-run entry point, whose
+# interpreter-tagged .so would shadow the abi3 one pip builds.
