@@ -8,7 +8,6 @@ how the guest/host ABI stays defined in exactly one place.
 
 from __future__ import annotations
 
-import os
 import platform
 import re
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
+SOURCE_DIR = "csrc"
 SHARED_HEADERS = (
     "hvt_abi.h",
     "pyvmm_abi.h",
@@ -163,9 +163,10 @@ def build_ffi(machine: str | None = None) -> FFI:
         "pyvmm._native",
         "#include <linux/kvm.h>\n"
         + "".join(f'#include "{h}"\n' for h in SHARED_HEADERS),
-        # setuptools insists on paths relative to the project directory.
-        sources=[os.path.relpath(HERE / s) for s in SOURCES],
-        include_dirs=[os.path.relpath(HERE)],
+        # setuptools insists on /-separated paths relative to setup.py's
+        # directory, whatever the current directory of whoever imports this.
+        sources=[f"{SOURCE_DIR}/{s}" for s in SOURCES],
+        include_dirs=[SOURCE_DIR],
         extra_compile_args=["-O2", "-Wall", "-std=gnu11"],
     )
     return ffi
