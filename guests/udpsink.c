@@ -68,10 +68,7 @@ int solo5_app_main(const struct solo5_start_info *si)
     uint8_t ip[4];
     uint64_t port, expected = 0, idle_ms = 2000;
 
-    if (!np_parse_ip(&p, ip) || *p != ' ')
-        goto usage;
-    p = rt_skip_spaces(p);
-    if (!rt_parse_u64(&p, &port) || port == 0 || port > 65535)
+    if (!np_parse_ip_port(&p, ip, &port))
         goto usage;
     p = rt_skip_spaces(p);
     if (*p != '\0' && !rt_parse_u64(&p, &expected))

@@ -145,6 +145,14 @@ bool np_recv(const struct np_iface *ifc, size_t *len)
     return true;
 }
 
+bool np_parse_ip_port(const char **p, uint8_t ip[4], uint64_t *port)
+{
+    if (!np_parse_ip(p, ip) || **p != ' ')
+        return false;
+    *p = rt_skip_spaces(*p);
+    return rt_parse_u64(p, port) && *port != 0 && *port <= 65535;
+}
+
 bool np_parse_ip_count(const char *cmdline, uint8_t ip[4], uint64_t *count,
                        const char *usage)
 {

@@ -89,6 +89,9 @@ bool np_open(struct np_iface *ifc, const char *name, const uint8_t ip[4]);
  * when none is waiting; a read error ends the program (FAILURE, exit 1). */
 bool np_recv(const struct np_iface *ifc, size_t *len);
 
+/* "IP PORT" at *p (advanced past it): a port in 1..65535; false if bad. */
+bool np_parse_ip_port(const char **p, uint8_t ip[4], uint64_t *port);
+
 /* The command line "[IP [COUNT]]" of ping-like programs; on a bad one,
  * prints `usage` and returns false. */
 bool np_parse_ip_count(const char *cmdline, uint8_t ip[4], uint64_t *count,
