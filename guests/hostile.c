@@ -95,13 +95,22 @@ static void attack_solo5_ring(struct solo5_ring *ring, uint64_t rounds)
             struct solo5_ring_entry *e = &ring->ent[(head + k) % SOLO5_RING_ENTRIES];
             e->operation = nasty32() % 4;
             e->handle = next() % 2 ? 1 : nasty32() % 70;
+            e->len = next() % 2 ? (uint32_t)(next() % 2048) : nasty32();
             switch (next() % 4) {
             case 0: e->data = next(); break;                          /* anywhere */
-            case 1: e->data = bi->mem_size - (next() % 4096); break;  /* edge */
+            case 1: {
+                /* Across the end of memory.  Never inside it: the top of
+                 * memory is this guest's own stack, and a frame read there
+                 * (which the host rightly performs) would wreck us, not it. */
+                uint32_t off = 1 + (uint32_t)(next() % 4096);
+                e->data = bi->mem_size - off;
+                if (e->len <= off)
+                    e->len = off + 1 + (uint32_t)(next() % 2048);
+                break;
+            }
             case 2: e->data = 0x100000; break;                        /* our text */
             default: e->data = 0x10000; break;                        /* boot info */
             }
-            e->len = next() % 2 ? (uint32_t)(next() % 2048) : nasty32();
             e->id = (uint32_t)i;
         }
         if (next() % 16 == 0)
