@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -138,11 +139,22 @@ static uint32_t stress_build(uint64_t seq, uint8_t *buf)
     return len;
 }
 
-/* Give up the CPU now and then while waiting; report the time limit. */
-static int stress_wait(struct stress *s, uint32_t *spins)
+/*
+ * One more wait in a row (the caller zeroes *waits on progress).  Spin
+ * first; then yield now and then; after a long wait sleep briefly, so that
+ * on a loaded machine (CI, other processes spinning) the peer thread gets a
+ * CPU instead of a sched_yield() that hands it straight back.  Reports the
+ * time limit.
+ */
+static int stress_wait(struct stress *s, uint32_t *waits)
 {
-    if (++*spins % 64 == 0) {
-        sched_yield();
+    if (++*waits % 64 == 0) {
+        if (*waits < 1024) {
+            sched_yield();
+        } else {
+            struct timespec nap = { 0, 20000 };
+            nanosleep(&nap, NULL);
+        }
         if (stress_now() > s->deadline_ns) {
             __atomic_store_n(&s->timed_out, 1, __ATOMIC_RELAXED);
             __atomic_store_n(&s->abort, 1, __ATOMIC_RELAXED);
@@ -171,6 +183,8 @@ static void *stress_producer(void *arg)
     int drop = s->flags & SHM_STRESS_DROP_WHEN_FULL;
     int sleeping = s->flags & SHM_STRESS_SLEEPING_CONSUMER;
 
+    prctl(PR_SET_TIMERSLACK, 1UL);   /* a 20 us nap, not the default 50 */
+
     while (seq < s->frames) {
         uint32_t space = shm_prod_space(r, prod, s->slots), n, i;
 
@@ -192,6 +206,7 @@ static void *stress_producer(void *arg)
                 break;
             continue;
         }
+        spins = 0;
         n = 1 + (uint32_t)(splitmix(seq ^ 0x5555) % s->max_batch);
         if (n > space)
             n = space;
@@ -266,6 +281,8 @@ static void *stress_consumer(void *arg)
     uint64_t next = 0;
     int sleeping = s->flags & SHM_STRESS_SLEEPING_CONSUMER;
 
+    prctl(PR_SET_TIMERSLACK, 1UL);
+
     for (;;) {
         uint32_t avail = shm_cons_avail(r, cons, s->slots), n, i;
 
@@ -305,6 +322,7 @@ static void *stress_consumer(void *arg)
                 break;
             continue;
         }
+        spins = 0;
         n = 1 + (uint32_t)(splitmix(cons) % s->max_batch);
         if (n > avail)
             n = avail;
