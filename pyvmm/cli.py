@@ -42,6 +42,9 @@ Run a Solo5 hvt unikernel on KVM. Options (solo5-hvt compatible):
                                 (default 50)
   --no-net-ring                 do not offer Solo5's ring I/O to Solo5 v0.11+
                                 unikernels (as solo5-hvt's option)
+  --legacy-abi                  also boot unikernels with hvt ABI version 1
+                                (built with Solo5 0.9 or older): plain
+                                hypercalls, no rings
   --shm-slots=N                 slots per ring, a power of two (default: as
                                 many as fit in 1/8 of guest memory, <= 4096)
   --pin=vcpu=N,io=M             pin the vCPU thread and/or the IO thread
@@ -115,6 +118,8 @@ def parse_args(argv: list[str]) -> VmConfig | str:
             _parse_pin(value, config)
         elif arg == "--no-net-ring":
             config.no_net_ring = True
+        elif arg == "--legacy-abi":
+            config.legacy_abi = True
         elif arg == "--stats":
             config.stats = True
         elif arg.startswith("--cpl="):

@@ -31,6 +31,8 @@ class VmConfig:
     shm_slots: int | None = None
     # Do not offer Solo5's own ring I/O (solo5-hvt's --no-net-ring).
     no_net_ring: bool = False
+    # Also boot guests with Solo5 hvt ABI version 1 (Solo5 <= 0.9 builds).
+    legacy_abi: bool = False
     pin_vcpu: int | None = None
     pin_io: int | None = None
     # Print counters (VM exits, KVM stats, shmstream) as JSON on stderr at exit.

@@ -164,7 +164,7 @@ class Vmm:
         config = self.config
         mem_size = guest_memory_size(config.mem_mib)
         cmdline = join_cmdline(config.guest_args)
-        kernel = load_kernel(config.kernel, platform.machine())
+        kernel = load_kernel(config.kernel, platform.machine(), legacy_abi=config.legacy_abi)
         nets = check_devices(config, kernel)
         self.shm_mode = choose_shm(config.shm, kernel, bool(nets))
         layout = None
@@ -393,17 +393,28 @@ def choose_shm(requested: str | None, kernel: Kernel, has_nets: bool) -> str:
     """
     if requested == "off" or not has_nets or not kernel.capabilities.shmstream:
         return "off"
+    if kernel.abi.legacy:
+        return "off"
     return requested or DEFAULT_SHM_MODE
 
 
 def choose_solo5_ring(config: VmConfig, kernel: Kernel, has_nets: bool, shm_mode: str) -> bool:
     """Whether to offer Solo5's ring I/O, as solo5-hvt does unless told not to."""
-    serve = shm_mode == "off" and has_nets and config.shm != "off" and not config.no_net_ring
+    serve = (
+        shm_mode == "off"
+        and has_nets
+        and config.shm != "off"
+        and not config.no_net_ring
+        and not kernel.abi.legacy
+    )
     if config.shm not in (None, "off") and shm_mode == "off" and not serve:
-        raise UsageError(
-            f"--shm={config.shm}: nothing to serve: {kernel.path} has "
-            + ("no net device" if not has_nets else "no shmstream driver and --no-net-ring is set")
-        )
+        if not has_nets:
+            why = "no net device"
+        elif kernel.abi.legacy:
+            why = "ABI version 1, which knows no rings"
+        else:
+            why = "no shmstream driver and --no-net-ring is set"
+        raise UsageError(f"--shm={config.shm}: nothing to serve: {kernel.path} has {why}")
     return serve
 
 

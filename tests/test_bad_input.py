@@ -74,6 +74,30 @@ def test_kernel_with_wrong_abi_version(tmp_path):
     assert_error(run_pyvmm(path), "version")
 
 
+def as_abi_version_1(tmp_path, name: str):
+    blob = guest(name).read_bytes()
+    desc = blob.index(struct.pack("<I", 0x31494241)) + 4 + 8
+    return patched(tmp_path, name, desc + 4, struct.pack("<I", 1))
+
+
+def test_kernel_with_abi_version_1_names_the_option(tmp_path):
+    line = assert_error(run_pyvmm(as_abi_version_1(tmp_path, "hello")), "ABI version 1")
+    assert "--legacy-abi" in line
+
+
+def test_legacy_abi_boots_a_version_1_kernel(tmp_path):
+    result = run_pyvmm("--legacy-abi", as_abi_version_1(tmp_path, "hello"))
+    assert result.returncode == 0, result.stderr
+    assert "Hello, world" in result.stdout and result.stdout.rstrip().endswith("SUCCESS")
+    assert result.stderr == ""
+
+
+def test_legacy_abi_with_a_ring_mode_is_refused(tmp_path):
+    path = as_abi_version_1(tmp_path, "ping")
+    result = run_pyvmm("--legacy-abi", "--shm=poll", "--net=tap-not-there", path, "10.0.0.2")
+    assert_error(result, "ABI version 1, which knows no rings")
+
+
 def test_kernel_with_invalid_manifest(tmp_path):
     blob = guest("hello").read_bytes()
     desc = blob.index(struct.pack("<I", 0x3154464D)) + 4 + 8 + 4  # 8-aligned descriptor

@@ -86,3 +86,26 @@ def test_tap_passed_as_open_file_descriptor():
         out, err = vm.communicate(timeout=60)
         assert ping.returncode == 0, ping.stdout + ping.stderr
         assert vm.returncode == 0, head + out + err
+
+
+def test_legacy_abi_guest_answers_ping_over_hypercalls(tmp_path):
+    """An ABI version 1 unikernel (Solo5 0.9 and older) under --legacy-abi:
+    no ring offered, frames go through the net hypercalls."""
+    blob = bytearray(guest("ping").read_bytes())
+    desc = blob.index((0x31494241).to_bytes(4, "little")) + 4 + 8  # ABI1 note descriptor
+    blob[desc + 4 : desc + 8] = (1).to_bytes(4, "little")  # abi_version
+    path = tmp_path / "ping-abi1.hvt"
+    path.write_bytes(bytes(blob))
+    with NetNamespace() as ns:
+        ns.add_tap("tap100", address="10.0.0.1/24")
+        vm, head = start_guest(ns, "--legacy-abi", "--net=tap100", str(path), GUEST_IP, "2")
+        ping = ns.run(
+            ["ping", "-c", "2", "-i", "0.2", "-W", "5", GUEST_IP],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        out, err = vm.communicate(timeout=60)
+    assert ping.returncode == 0, ping.stdout + ping.stderr
+    assert vm.returncode == 0, head + out + err
+    assert "path: hypercall" in head

@@ -85,16 +85,17 @@ class Kernel:
             )
 
 
-def load_kernel(path: str, host_machine: str) -> Kernel:
+def load_kernel(path: str, host_machine: str, *, legacy_abi: bool = False) -> Kernel:
     """Read and validate the unikernel at ``path`` for a ``host_machine`` host.
 
     ``host_machine`` is ``platform.machine()`` spelling: "x86_64" or "aarch64".
+    ``legacy_abi`` also accepts hvt ABI version 1 (see notes.read_abi).
     """
     data = _read_file(path)
     image = parse_elf(data, path)
     if image.machine != host_machine:
         raise LoaderError(f"{path}: built for {image.machine}, this host runs {host_machine}")
-    abi = read_abi(image)
+    abi = read_abi(image, legacy=legacy_abi)
     manifest = Manifest.from_image(image)
     kernel_end = max(seg.end for seg in image.segments)
     return Kernel(

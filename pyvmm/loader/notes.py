@@ -74,13 +74,24 @@ class AbiInfo:
     def target_name(self) -> str:
         return ABI_TARGETS.get(self.target, "unknown")
 
+    @property
+    def legacy(self) -> bool:
+        """Built for Solo5 0.9 or older: reads no host features, so no rings."""
+        return self.version == LEGACY_ABI_VERSION
+
 
 # The ABI note descriptor: u32 abi_target, abi_version, reserved0, reserved1.
 _ABI_DESC_WORDS = 4
 
 
-def read_abi(image: ElfImage) -> AbiInfo:
-    """The ABI note, required to say hvt version 2: anything else cannot run."""
+# Solo5 0.9 and older (most MirageOS unikernels built before v0.12) say 1.
+# Their boot info is the first 40 bytes of version 2's, and every hypercall
+# is the same, so pyvmm boots them on request (--legacy-abi) without rings.
+LEGACY_ABI_VERSION = 1
+
+
+def read_abi(image: ElfImage, *, legacy: bool = False) -> AbiInfo:
+    """The ABI note, required to say hvt version 2 (or 1 with ``legacy``)."""
     desc = note_descriptor(image, SOLO5_ABI)
     if desc is None:
         raise LoaderError(f"{image.source}: no Solo5 ABI note: not a Solo5 unikernel")
@@ -93,7 +104,12 @@ def read_abi(image: ElfImage) -> AbiInfo:
     abi = AbiInfo(target=words[0], version=words[1])
     if abi.target != lib.HVT_ABI_TARGET:
         raise LoaderError(f"{image.source}: ABI target {abi.target} ({abi.target_name}) is not hvt")
-    if abi.version != lib.HVT_ABI_VERSION:
+    if abi.version == LEGACY_ABI_VERSION and not legacy:
+        raise LoaderError(
+            f"{image.source}: ABI version 1 is not supported (hvt needs version "
+            f"{lib.HVT_ABI_VERSION}; --legacy-abi boots Solo5 0.9 and older builds)"
+        )
+    if abi.version not in (lib.HVT_ABI_VERSION, LEGACY_ABI_VERSION):
         raise LoaderError(
             f"{image.source}: ABI version {abi.version} is not supported "
             f"(hvt needs version {lib.HVT_ABI_VERSION})"

@@ -147,8 +147,32 @@ def test_refuses_an_unknown_solo5_target(tmp_path: Path) -> None:
 
 def test_refuses_another_abi_version(tmp_path: Path) -> None:
     elf = good_elf()
+    elf.notes[0] = abi_note(version=3)
+    refuses(tmp_path, elf.build(), r"ABI version 3 is not supported \(hvt needs version 2\)$")
+
+
+def test_refuses_abi_version_1_unless_asked(tmp_path: Path) -> None:
+    elf = good_elf()
     elf.notes[0] = abi_note(version=1)
-    refuses(tmp_path, elf.build(), r"ABI version 1 is not supported \(hvt needs version 2\)$")
+    refuses(
+        tmp_path,
+        elf.build(),
+        r"ABI version 1 is not supported \(hvt needs version 2; "
+        r"--legacy-abi boots Solo5 0.9 and older builds\)$",
+    )
+    path = tmp_path / "old.hvt"
+    path.write_bytes(elf.build())
+    kernel = load_kernel(str(path), "x86_64", legacy_abi=True)
+    assert kernel.abi.version == 1 and kernel.abi.legacy
+
+
+def test_legacy_flag_still_refuses_other_versions(tmp_path: Path) -> None:
+    elf = good_elf()
+    elf.notes[0] = abi_note(version=0)
+    path = tmp_path / "zero.hvt"
+    path.write_bytes(elf.build())
+    with pytest.raises(LoaderError, match="ABI version 0 is not supported"):
+        load_kernel(str(path), "x86_64", legacy_abi=True)
 
 
 def test_refuses_a_malformed_abi_note(tmp_path: Path) -> None:

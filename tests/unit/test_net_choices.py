@@ -11,7 +11,7 @@ from pyvmm.config import VmConfig
 from pyvmm.devices.net.shmstream import ShmLayout
 from pyvmm.errors import UsageError
 from pyvmm.loader import load_kernel
-from pyvmm.loader.notes import Capabilities
+from pyvmm.loader.notes import AbiInfo, Capabilities
 from pyvmm.vmm import choose_shm, choose_solo5_ring
 
 MIB = 1 << 20
@@ -43,6 +43,16 @@ def test_solo5_ring_offered_as_solo5_hvt_does(solo5_guest):
     assert not choose_solo5_ring(VmConfig(kernel="k", no_net_ring=True), solo5_guest, True, "off")
     assert not choose_solo5_ring(VmConfig(kernel="k", shm="off"), solo5_guest, True, "off")
     assert not choose_solo5_ring(config, solo5_guest, True, "event")  # shmstream instead
+
+
+def test_legacy_abi_guest_gets_no_ring(shm_guest, solo5_guest):
+    """An ABI version 1 unikernel never reads host_features: offer nothing."""
+    old_shm = replace(shm_guest, abi=AbiInfo(target=1, version=1))
+    old_solo5 = replace(solo5_guest, abi=AbiInfo(target=1, version=1))
+    assert choose_shm(None, old_shm, True) == "off"
+    assert not choose_solo5_ring(VmConfig(kernel="k"), old_solo5, True, "off")
+    with pytest.raises(UsageError, match="ABI version 1, which knows no rings"):
+        choose_solo5_ring(VmConfig(kernel="k", shm="poll"), old_shm, True, "off")
 
 
 def test_explicit_mode_with_nothing_to_serve_is_refused(solo5_guest):
