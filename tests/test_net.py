@@ -23,19 +23,25 @@ def start_guest(ns: NetNamespace, *args: str, **kwargs) -> tuple[subprocess.Pope
     return ns.start_pyvmm(*args, cwd=ROOT, **kwargs)
 
 
+def ping(ns: NetNamespace, count: int) -> subprocess.CompletedProcess:
+    """Ping the guest from inside the namespace; asserts every reply came."""
+    result = ns.run(
+        ["ping", "-c", str(count), "-i", "0.2", "-W", "5", GUEST_IP],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{count} received" in result.stdout
+    return result
+
+
 def test_guest_answers_ping_over_tap():
     with NetNamespace() as ns:
         ns.add_tap("tap100", address="10.0.0.1/24")
         vm, head = start_guest(ns, "--net:service0=tap100", guest("ping"), GUEST_IP, "3")
-        ping = ns.run(
-            ["ping", "-c", "3", "-i", "0.2", "-W", "5", GUEST_IP],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        ping(ns, 3)
         out, err = vm.communicate(timeout=60)
-        assert ping.returncode == 0, ping.stdout + ping.stderr
-        assert "3 received" in ping.stdout
         assert vm.returncode == 0, out + err
         assert "SUCCESS" in out
 
@@ -51,12 +57,9 @@ def test_short_net_option_and_guest_sees_real_mtu():
             GUEST_IP,
             "1",
         )
-        ping = ns.run(
-            ["ping", "-c", "1", "-W", "5", GUEST_IP], capture_output=True, text=True, timeout=60
-        )
+        ping(ns, 1)
         out, err = vm.communicate(timeout=60)
         out = head + out
-        assert ping.returncode == 0, ping.stdout + ping.stderr
         assert vm.returncode == 0, out + err
         assert "MTU: 1400" in out
         assert "02:00:00:00:00:2a" in out.lower()
@@ -77,14 +80,8 @@ def test_tap_passed_as_open_file_descriptor():
             )
         finally:
             tap.close()  # pyvmm holds its own copy now
-        ping = ns.run(
-            ["ping", "-c", "2", "-i", "0.2", "-W", "5", GUEST_IP],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        ping(ns, 2)
         out, err = vm.communicate(timeout=60)
-        assert ping.returncode == 0, ping.stdout + ping.stderr
         assert vm.returncode == 0, head + out + err
 
 
@@ -99,13 +96,7 @@ def test_legacy_abi_guest_answers_ping_over_hypercalls(tmp_path):
     with NetNamespace() as ns:
         ns.add_tap("tap100", address="10.0.0.1/24")
         vm, head = start_guest(ns, "--legacy-abi", "--net=tap100", str(path), GUEST_IP, "2")
-        ping = ns.run(
-            ["ping", "-c", "2", "-i", "0.2", "-W", "5", GUEST_IP],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        ping(ns, 2)
         out, err = vm.communicate(timeout=60)
-    assert ping.returncode == 0, ping.stdout + ping.stderr
     assert vm.returncode == 0, head + out + err
     assert "path: hypercall" in head

@@ -133,22 +133,19 @@ def test_refuses_an_elf_without_abi_note(tmp_path: Path) -> None:
     refuses(tmp_path, elf.build(), r"app\.hvt: no Solo5 ABI note: not a Solo5 unikernel$")
 
 
-def test_refuses_another_solo5_target(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "note, message",
+    [
+        ({"target": 3}, r"app\.hvt: ABI target 3 \(virtio\) is not hvt$"),
+        ({"target": 99}, r"ABI target 99 \(unknown\) is not hvt$"),
+        ({"version": 3}, r"ABI version 3 is not supported \(hvt needs version 2\)$"),
+    ],
+    ids=["virtio-target", "unknown-target", "version-3"],
+)
+def test_refuses_another_target_or_version(tmp_path: Path, note: dict, message: str) -> None:
     elf = good_elf()
-    elf.notes[0] = abi_note(target=3)
-    refuses(tmp_path, elf.build(), r"app\.hvt: ABI target 3 \(virtio\) is not hvt$")
-
-
-def test_refuses_an_unknown_solo5_target(tmp_path: Path) -> None:
-    elf = good_elf()
-    elf.notes[0] = abi_note(target=99)
-    refuses(tmp_path, elf.build(), r"ABI target 99 \(unknown\) is not hvt$")
-
-
-def test_refuses_another_abi_version(tmp_path: Path) -> None:
-    elf = good_elf()
-    elf.notes[0] = abi_note(version=3)
-    refuses(tmp_path, elf.build(), r"ABI version 3 is not supported \(hvt needs version 2\)$")
+    elf.notes[0] = abi_note(**note)
+    refuses(tmp_path, elf.build(), message)
 
 
 def test_refuses_abi_version_1_unless_asked(tmp_path: Path) -> None:
