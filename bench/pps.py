@@ -2,8 +2,9 @@
 
     python3 bench/pps.py [--seconds 5] [--size 1300] [--rate 0] [--pin]
 
-For each mode (--shm=off: one hypercall per frame; poll, event, hybrid: the
-shmstream IO thread) this boots the udpsink guest in a fresh network
+For each mode (--shm=off: one hypercall per frame, answered in C by the
+fast path; off-py: the same answered by Python, PYVMM_PY_HYPERCALLS=1;
+poll, event, hybrid: the shmstream IO thread) this boots the udpsink guest in a fresh network
 namespace with a tap, floods it from inside the namespace with UDP
 datagrams of --size payload bytes (C sendmmsg sender, pyvmm.traffic) for
 --seconds, and reports what the guest itself received and checked (frames
@@ -36,7 +37,7 @@ from pyvmm.netns import NetNamespace  # noqa: E402
 GUEST = ROOT / "guests" / "bin" / "udpsink.hvt"
 GUEST_IP, HOST_IP, PORT = "10.0.0.2", "10.0.0.1", 5000
 GUEST_MAC = "02:00:00:00:00:02"
-MODES = ("off", "poll", "event", "hybrid")
+MODES = ("off-py", "off", "poll", "event", "hybrid")
 
 
 def run_mode(mode: str, args) -> dict:
@@ -46,21 +47,23 @@ def run_mode(mode: str, args) -> dict:
         ns.run(
             ["ip", "neigh", "replace", GUEST_IP, "lladdr", GUEST_MAC, "dev", "tap100"], check=True
         )
+        shm = "off" if mode.startswith("off") else mode
+        env = dict(os.environ, PYVMM_PY_HYPERCALLS="1") if mode == "off-py" else None
         argv = [
             "--stats",
-            f"--shm={mode}",
+            f"--shm={shm}",
             "--net:service0=tap100",
             f"--net-mac:service0={GUEST_MAC}",
         ]
         if args.pin:
-            argv += ["--pin", "vcpu=0,io=1" if mode != "off" else "vcpu=0"]
+            argv += ["--pin", "vcpu=0,io=1" if shm != "off" else "vcpu=0"]
         if args.slots:
             argv += [f"--shm-slots={args.slots}"]
         if args.budget:
             argv += [f"--hybrid-budget={args.budget}"]
         argv += [str(GUEST), GUEST_IP, str(PORT), "0", str(args.idle_ms)]
         try:
-            vm, head = ns.start_pyvmm(*argv, cwd=ROOT)
+            vm, head = ns.start_pyvmm(*argv, cwd=ROOT, env=env)
         except RuntimeError as err:
             raise SystemExit(f"{mode}: {err}") from None
         sender = [
@@ -77,7 +80,7 @@ def run_mode(mode: str, args) -> dict:
             str(args.rate),
         ]
         if args.pin:
-            sender = ["taskset", "-c", "1" if mode == "off" else "0"] + sender
+            sender = ["taskset", "-c", "1" if shm == "off" else "0"] + sender
         sent = json.loads(ns.run(sender, capture_output=True, text=True, check=True).stdout)
         out, err = vm.communicate(timeout=args.seconds + 60)
         out = head + out

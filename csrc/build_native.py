@@ -22,11 +22,12 @@ SHARED_HEADERS = (
     "shmstream.h",
     "solo5_ring.h",
     "native.h",
+    "hcfast.h",
     "iothread.h",
     "shm_testing.h",
     "traffic.h",
 )
-SOURCES = ("native.c", "iothread.c", "shm_testing.c", "traffic.c")
+SOURCES = ("native.c", "hcfast.c", "iothread.c", "shm_testing.c", "traffic.c")
 
 _DEFINE = re.compile(r"^#define\s+\w+\s+(0x[0-9a-fA-F]+|\d+)\s*$")
 

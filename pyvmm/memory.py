@@ -86,6 +86,10 @@ class GuestMemory:
         j = i + 1
         return j < len(self._ro_starts) and self._ro_starts[j] < end
 
+    def read_only_ranges(self) -> list[tuple[int, int]]:
+        """The sorted [start, end) ranges the host must not write."""
+        return list(zip(self._ro_starts, self._ro_ends, strict=True))
+
     # -- access -----------------------------------------------------------
     def struct(self, ctype: str, gpa: int, *, what: str = "access"):
         """A cffi pointer to a ``ctype`` struct at ``gpa``, checked and writable."""

@@ -152,6 +152,7 @@ class Vmm:
         self.config = config
         self.stack = ExitStack()
         self.counters_ = ExitCounters()
+        self.fast_path = None
         self.elapsed = 0.0
         self.vcpu_cpu_ns = 0
         try:
@@ -243,6 +244,11 @@ class Vmm:
         stack.callback(os.close, self.stop_fd)
         self._register_null_kick()
         self.hypercalls = Hypercalls(self.memory, Console(), devices, self.stop_fd, self.shm)
+        # PYVMM_PY_HYPERCALLS=1 answers every hypercall in Python (for
+        # comparison and diagnosis; docs/architecture.md).
+        self.fast_path = (
+            None if os.environ.get("PYVMM_PY_HYPERCALLS") else self.hypercalls.fast_path()
+        )
 
     def _register_null_kick(self) -> None:
         """Let guests measure a kick: KVM absorbs writes to this port."""
@@ -286,9 +292,11 @@ class Vmm:
         """Everything pyvmm counts, for --stats and for benchmarks."""
         out: dict = {
             "cpl": self.cpl,
-            "exits_to_pyvmm": dict(self.counters_.by_reason),
+            "exits_to_pyvmm": self._exits_to_pyvmm(),
             "vcpu_thread_cpu_ns": self.vcpu_cpu_ns,
         }
+        if self.fast_path is not None:
+            out["hypercalls_in_c"] = self.hypercalls_in_c()
         if self.kvm_stats is not None:
             out["kvm"] = self.kvm_stats.read()
         if self.shm is not None:
@@ -297,13 +305,30 @@ class Vmm:
             out["solo5_ring"] = self.net_service.counters()
         return out
 
+    def _exits_to_pyvmm(self) -> dict[str, int]:
+        """VM exits that reached this process, by reason, wherever answered."""
+        by_reason = dict(self.counters_.by_reason)
+        fp = self.fast_path
+        if fp is not None and fp.answered:
+            by_reason["IoOut"] = by_reason.get("IoOut", 0) + fp.answered
+        return by_reason
+
+    def hypercalls_in_c(self) -> dict[str, int] | None:
+        """What the C fast path answered (csrc/hcfast.h), for --stats."""
+        fp = self.fast_path
+        if fp is None:
+            return None
+        names = ("answered", "walltimes", "net_reads", "net_reads_again", "net_writes", "polls")
+        return {name: getattr(fp, name) for name in names + ("rx_dropped", "tx_dropped")}
+
     def _loop(self) -> int:
         vcpu = self.vcpu
+        fast_path = self.fast_path
         table = self.hypercalls.table
         base = lib.HVT_HYPERCALL_PIO_BASE
         count = self.counters_.count
         while True:
-            exit = vcpu.run()
+            exit = vcpu.run(fast_path)
             count(exit)
             match exit:
                 case IoOut(port=port, size=4, value=gpa) if port - base in table:

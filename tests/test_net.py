@@ -3,7 +3,9 @@ removes: a tap in it, pyvmm running in it, the sender in it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 
 import pytest
 
@@ -36,10 +38,16 @@ def ping(ns: NetNamespace, count: int) -> subprocess.CompletedProcess:
     return result
 
 
-def test_guest_answers_ping_over_tap():
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_guest_answers_ping_over_tap(engine):
+    """Over the plain hypercall path, answered by the C fast path or (as the
+    fast path does for anything unclean) by Python."""
+    env = dict(os.environ, PYVMM_PY_HYPERCALLS="1") if engine == "python" else None
     with NetNamespace() as ns:
         ns.add_tap("tap100", address="10.0.0.1/24")
-        vm, head = start_guest(ns, "--net:service0=tap100", guest("ping"), GUEST_IP, "3")
+        vm, head = start_guest(
+            ns, "--shm=off", "--net:service0=tap100", guest("ping"), GUEST_IP, "3", env=env
+        )
         ping(ns, 3)
         out, err = vm.communicate(timeout=60)
         assert vm.returncode == 0, out + err
@@ -100,3 +108,51 @@ def test_legacy_abi_guest_answers_ping_over_hypercalls(tmp_path):
         out, err = vm.communicate(timeout=60)
     assert vm.returncode == 0, head + out + err
     assert "path: hypercall" in head
+
+
+BAD_CALLS = {
+    # case: (exit status, what stderr's one line or stdout must say)
+    "walltime_ro": (1, "bad pointer in walltime hypercall"),
+    "poll_out": (1, "bad pointer in poll hypercall"),
+    "read_ro": (1, "is read-only memory"),
+    "read_out": (1, "is outside guest memory"),
+    "write_out": (1, "bad pointer in net_write hypercall"),
+    "write_big": (0, "ret: 2"),
+    "read_handle": (0, "ret: 2"),
+}
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_bad_per_frame_hypercalls_get_the_same_answer_from_c_and_python(case, engine):
+    """The C fast path (csrc/hcfast.c) answers only clean hypercalls and
+    hands the rest to Python: a bad pointer stops the guest with Python's
+    one-line message, a bad handle or length gets EINVAL, either way."""
+    env = dict(os.environ, PYVMM_PY_HYPERCALLS="1") if engine == "python" else None
+    with NetNamespace() as ns:
+        ns.add_tap("tap100", address="10.0.0.1/24")
+        result = ns.run(
+            [
+                sys.executable,
+                "-m",
+                "pyvmm",
+                "--shm=off",
+                "--net=tap100",
+                str(guest("badcall")),
+                case,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            env=env,
+        )
+    status, words = BAD_CALLS[case]
+    assert result.returncode == status, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and "FAILURE" not in result.stdout
+    if status:
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("pyvmm: guest fault"), result.stderr
+        assert words in lines[0], lines[0]
+    else:
+        assert words in result.stdout.splitlines() and "SUCCESS" in result.stdout

@@ -70,6 +70,37 @@ class Hypercalls:
             lib.HVT_HYPERCALL_HALT: self.halt,
         }
 
+    def fast_path(self):
+        """These hypercalls as the C fast path sees them (csrc/hcfast.h).
+
+        It answers the clean cases of walltime, net_read, net_write and (with
+        no shmstream region, whose wake-ups only Python follows) poll, and
+        hands everything else back to the handlers below, so both agree by
+        construction on every error. None when memory has more read-only
+        ranges than it can hold (then Python answers everything).
+        """
+        ranges = self.memory.read_only_ranges()
+        if len(ranges) > lib.PYVMM_FAST_MAX_RO:
+            return None
+        fp = ffi.new("struct pyvmm_fastpath *")
+        fp.mem = self.memory.host_addr
+        fp.mem_size = self.memory.size
+        fp.n_ro = len(ranges)
+        for i, (start, end) in enumerate(ranges):
+            fp.ro_start[i], fp.ro_end[i] = start, end
+        for handle in range(lib.PYVMM_FAST_MAX_HANDLES):
+            fp.net_fd[handle] = -1
+        for handle, device in self.nets.items():
+            fp.net_fd[handle] = device.fileno()
+            fp.max_frame[handle] = device.max_frame
+        fp.poll = int(self.shm is None)
+        fp.n_poll = self._poll_nfds
+        handles = [-1] * self._poll_first + self._poll_handles
+        for i, handle in enumerate(handles):
+            fp.poll_fd[i] = self._poll_fds[i]
+            fp.poll_handle[i] = handle
+        return fp
+
     def walltime(self, gpa: int) -> None:
         arg = self.memory.struct("struct hvt_hc_walltime", gpa, what="walltime hypercall")
         arg.nsecs = time.time_ns()

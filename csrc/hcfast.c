@@ -1,0 +1,199 @@
+/* See hcfast.h: the per-frame hvt hypercalls, answered without Python. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+#include <linux/kvm.h>
+
+#include "hcfast.h"
+#include "hvt_abi.h"
+
+_Static_assert(PYVMM_FAST_MAX_HANDLES == 64 && PYVMM_FAST_MAX_RO == 32 &&
+               PYVMM_FAST_MAX_POLL == PYVMM_FAST_MAX_HANDLES + 1,
+               "hcfast.h: array sizes are literals for cffi, keep them in step");
+
+#define ETH_HEADER 14
+
+enum { ANSWERED, PYTHON };
+
+/* [gpa, gpa + len) lies in guest memory. */
+static int in_memory(const struct pyvmm_fastpath *fp, uint64_t gpa, uint64_t len)
+{
+    return gpa <= fp->mem_size && len <= fp->mem_size - gpa;
+}
+
+/* ... and the host may write all of it. */
+static int writable(const struct pyvmm_fastpath *fp, uint64_t gpa, uint64_t len)
+{
+    uint32_t i;
+    if (!in_memory(fp, gpa, len))
+        return 0;
+    for (i = 0; i < fp->n_ro && i < PYVMM_FAST_MAX_RO; i++)
+        if (gpa < fp->ro_end[i] && fp->ro_start[i] < gpa + len)
+            return len == 0;
+    return 1;
+}
+
+static uint8_t *host(const struct pyvmm_fastpath *fp, uint64_t gpa)
+{
+    return (uint8_t *)(uintptr_t)fp->mem + gpa;
+}
+
+/* The guest may change its struct while we look: copy it in, copy results out. */
+#define LOAD_ARG(fp, gpa, arg)                                           \
+    do {                                                                 \
+        if (!writable(fp, gpa, sizeof(arg)))                             \
+            return PYTHON;                                               \
+        memcpy(&(arg), host(fp, gpa), sizeof(arg));                      \
+    } while (0)
+#define STORE_ARG(fp, gpa, arg) memcpy(host(fp, gpa), &(arg), sizeof(arg))
+
+static int net_fd(const struct pyvmm_fastpath *fp, uint64_t handle)
+{
+    return handle < PYVMM_FAST_MAX_HANDLES ? fp->net_fd[handle] : -1;
+}
+
+static int walltime(struct pyvmm_fastpath *fp, uint64_t gpa)
+{
+    struct hvt_hc_walltime arg;
+    struct timespec ts;
+
+    LOAD_ARG(fp, gpa, arg);
+    clock_gettime(CLOCK_REALTIME, &ts);
+    arg.nsecs = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    STORE_ARG(fp, gpa, arg);
+    fp->walltimes++;
+    return ANSWERED;
+}
+
+/* As TapBackend.read_into: one frame, or AGAIN; a frame longer than the
+ * guest's buffer is dropped and counted, never handed over cut short. */
+static int net_read(struct pyvmm_fastpath *fp, uint64_t gpa)
+{
+    struct hvt_hc_net_read arg;
+    uint8_t overflow;
+    int fd;
+
+    LOAD_ARG(fp, gpa, arg);
+    fd = net_fd(fp, arg.handle);
+    if (fd < 0 || !writable(fp, arg.data, arg.len))
+        return PYTHON;
+    for (;;) {
+        struct iovec iov[2] = {
+            { host(fp, arg.data), arg.len },
+            { &overflow, 1 },
+        };
+        ssize_t n = readv(fd, iov, 2);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            arg.ret = errno == EAGAIN ? HVT_RET_AGAIN : HVT_RET_EUNSPEC;
+            if (errno == EAGAIN)
+                fp->net_reads_again++;
+            break;
+        }
+        if ((uint64_t)n > arg.len) {
+            fp->rx_dropped++;
+            continue;
+        }
+        arg.len = (uint64_t)n;
+        arg.ret = HVT_RET_OK;
+        fp->net_reads++;
+        break;
+    }
+    STORE_ARG(fp, gpa, arg);
+    return ANSWERED;
+}
+
+/* As TapBackend.write: a frame the tap cannot take is dropped and counted
+ * (the guest's stack retransmits); a frame too big is Python's EINVAL. */
+static int net_write(struct pyvmm_fastpath *fp, uint64_t gpa)
+{
+    struct hvt_hc_net_write arg;
+    int fd;
+
+    LOAD_ARG(fp, gpa, arg);
+    fd = net_fd(fp, arg.handle);
+    if (fd < 0 || arg.len > fp->max_frame[arg.handle] || !in_memory(fp, arg.data, arg.len))
+        return PYTHON;
+    arg.ret = HVT_RET_OK;
+    if (arg.len < ETH_HEADER) {
+        fp->tx_dropped++;
+    } else if (write(fd, host(fp, arg.data), arg.len) < 0) {
+        if (errno == EAGAIN || errno == ENOBUFS || errno == EIO || errno == EINVAL)
+            fp->tx_dropped++;
+        else
+            arg.ret = HVT_RET_EUNSPEC;
+    } else {
+        fp->net_writes++;
+    }
+    STORE_ARG(fp, gpa, arg);
+    return ANSWERED;
+}
+
+/* As Hypercalls.poll without a shmstream region.  -EINTR: answered with
+ * nothing ready, and the caller returns so Python sees the signal. */
+static int poll_hc(struct pyvmm_fastpath *fp, uint64_t gpa, int *interrupted)
+{
+    struct hvt_hc_poll arg;
+    uint64_t ready = 0;
+    int64_t mask, timeout;
+    uint32_t i, n = fp->n_poll < PYVMM_FAST_MAX_POLL ? fp->n_poll : PYVMM_FAST_MAX_POLL;
+
+    if (!fp->poll)
+        return PYTHON;
+    LOAD_ARG(fp, gpa, arg);
+    timeout = arg.timeout_nsecs > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)arg.timeout_nsecs;
+    mask = pyvmm_wait_readable(fp->poll_fd, (int)n, timeout);
+    if (mask < 0 && mask != -EINTR)
+        return PYTHON;   /* Python waits again and reports the failure */
+    if (mask == -EINTR)
+        *interrupted = 1;
+    for (i = 0; mask > 0 && i < n; i++)
+        if ((mask & ((int64_t)1 << i)) && fp->poll_handle[i] >= 0)
+            ready |= (uint64_t)1 << fp->poll_handle[i];
+    arg.ready_set = ready;
+    arg.ret = HVT_RET_OK;
+    STORE_ARG(fp, gpa, arg);
+    fp->polls++;
+    return ANSWERED;
+}
+
+static int answer(struct pyvmm_fastpath *fp, const struct pyvmm_exit *exit, int *interrupted)
+{
+    uint64_t gpa = exit->io_value;
+
+    if (exit->reason != KVM_EXIT_IO || exit->io_direction != KVM_EXIT_IO_OUT ||
+        exit->io_size != 4 || exit->io_count != 1)
+        return PYTHON;
+    switch (exit->io_port - HVT_HYPERCALL_PIO_BASE) {
+    case HVT_HYPERCALL_WALLTIME:
+        return walltime(fp, gpa);
+    case HVT_HYPERCALL_NET_READ:
+        return net_read(fp, gpa);
+    case HVT_HYPERCALL_NET_WRITE:
+        return net_write(fp, gpa);
+    case HVT_HYPERCALL_POLL:
+        return poll_hc(fp, gpa, interrupted);
+    default:
+        return PYTHON;
+    }
+}
+
+int pyvmm_vcpu_run_fast(int vcpu_fd, void *kvm_run, struct pyvmm_exit *exit,
+                        struct pyvmm_fastpath *fp)
+{
+    for (;;) {
+        int interrupted = 0;
+        int r = pyvmm_vcpu_run(vcpu_fd, kvm_run, exit);
+        if (r < 0)
+            return r;
+        if (answer(fp, exit, &interrupted) == PYTHON)
+            return 0;
+        fp->answered++;
+        if (interrupted || pyvmm_stop_signal())
+            return -EINTR;
+    }
+}

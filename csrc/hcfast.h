@@ -1,0 +1,63 @@
+/*
+ * The hypercall fast path: the per-frame hvt hypercalls (net_read,
+ * net_write, poll) and walltime answered in C, inside the vCPU thread's
+ * KVM_RUN loop, without a trip through Python.
+ *
+ * Only the clean case is handled here: argument struct and buffer inside
+ * guest memory and, where the host writes, outside every read-only range.
+ * Anything else (a bad pointer, an unknown handle, every other hypercall,
+ * every other exit) is returned to Python as a plain exit, so the error
+ * messages and the rules stay in one place (pyvmm/hvt/hypercalls.py) and
+ * this file only has to agree with them on the clean case.
+ *
+ * Read by cffi like native.h: plain types, literal array sizes.
+ */
+#ifndef PYVMM_HCFAST_H
+#define PYVMM_HCFAST_H
+
+#include <stdint.h>
+
+#include "native.h"
+
+#define PYVMM_FAST_MAX_HANDLES 64
+#define PYVMM_FAST_MAX_RO 32
+#define PYVMM_FAST_MAX_POLL 65
+
+struct pyvmm_fastpath {
+    uint64_t mem;                /* host address of guest memory (GPA 0) */
+    uint64_t mem_size;
+    /* Sorted, non-overlapping [start, end) GPA ranges the host must not write. */
+    uint32_t n_ro;
+    uint32_t poll;               /* 1: answer poll here (no shmstream region) */
+    uint64_t ro_start[32];
+    uint64_t ro_end[32];
+    /* By manifest handle: the tap fd of a net device (-1: none), its largest frame. */
+    int32_t net_fd[64];
+    uint32_t max_frame[64];
+    /* What poll waits on: the stop eventfd first (handle -1), then taps. */
+    uint32_t n_poll;
+    int32_t poll_fd[65];
+    int32_t poll_handle[65];
+    /* Counters: hypercalls answered here (each one a VM exit that reached
+     * pyvmm's process but not Python), and frames dropped the way
+     * TapBackend drops them. */
+    uint64_t answered;           /* all of them */
+    uint64_t walltimes;
+    uint64_t net_reads;
+    uint64_t net_reads_again;
+    uint64_t net_writes;
+    uint64_t polls;
+    uint64_t rx_dropped;
+    uint64_t tx_dropped;
+};
+
+/*
+ * KVM_RUN until an exit this fast path does not answer, then decode it into
+ * *exit for Python.  Returns like pyvmm_vcpu_run: 0, or -errno (-EINTR when
+ * a signal is pending, also right after an answered hypercall when a stop
+ * signal arrived meanwhile).  Runs with the GIL released.
+ */
+int pyvmm_vcpu_run_fast(int vcpu_fd, void *kvm_run, struct pyvmm_exit *exit,
+                        struct pyvmm_fastpath *fp);
+
+#endif
