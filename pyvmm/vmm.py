@@ -55,6 +55,8 @@ from pyvmm.loader import (
 from pyvmm.memory import MIB, GuestMemory
 from pyvmm.stats import ExitCounters
 
+# Boot state exists for these (arch/); aarch64 is planned, not written.
+SUPPORTED_HOSTS = ("x86_64",)
 MEM_ALIGN = 2 * MIB
 MEM_MAX = 4096 * MIB
 
@@ -165,7 +167,12 @@ class Vmm:
         config = self.config
         mem_size = guest_memory_size(config.mem_mib)
         cmdline = join_cmdline(config.guest_args)
-        kernel = load_kernel(config.kernel, platform.machine(), legacy_abi=config.legacy_abi)
+        machine = platform.machine()
+        kernel = load_kernel(config.kernel, machine, legacy_abi=config.legacy_abi)
+        if machine not in SUPPORTED_HOSTS:
+            raise HostError(
+                f"{machine} hosts are not supported yet (pyvmm boots guests on x86_64 only)"
+            )
         nets = check_devices(config, kernel)
         self.shm_mode = choose_shm(config.shm, kernel, bool(nets))
         layout = None
