@@ -54,9 +54,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
+    import importlib.util
+
+    import pyvmm.vmm
+
+    # Whether imports read bytecode or compile the sources on every start
+    # (PYTHONDONTWRITEBYTECODE with no compiled files: scripts/setup compiles).
+    cached = Path(importlib.util.cache_from_source(pyvmm.vmm.__file__)).exists()
     print(
         f"# {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
-        f"kernel {platform.release()}, {args.runs} runs each"
+        f"kernel {platform.release()}, {args.runs} runs each, "
+        f"pyvmm bytecode {'compiled' if cached else 'NOT compiled (sources parsed each start)'}"
     )
     print(f"{'command':<28} {'median ms':>10} {'p90 ms':>8} {'peak RSS MiB':>13} {'exit':>5}")
     for label, argv in rows(args.runs):
