@@ -19,17 +19,21 @@ pytestmark = [
 ]
 
 
-def start_waiting_guest(ns: NetNamespace) -> subprocess.Popen:
-    """The ping guest with no count waits in the poll hypercall forever."""
-    vm, _ = ns.start_pyvmm("--net:service0=tap100", guest("ping"), "10.0.0.2", cwd=ROOT)
+def start_waiting_guest(ns: NetNamespace, shm: str = "event") -> subprocess.Popen:
+    """The ping guest with no count waits in the poll hypercall forever
+    (answered by Python with shmstream, by the C fast path with --shm=off)."""
+    vm, _ = ns.start_pyvmm(
+        f"--shm={shm}", "--net:service0=tap100", guest("ping"), "10.0.0.2", cwd=ROOT
+    )
     return vm
 
 
+@pytest.mark.parametrize("shm", ["event", "off"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_signal_stops_guest_and_releases_tap(sig):
+def test_signal_stops_guest_and_releases_tap(sig, shm):
     with NetNamespace() as ns:
         ns.add_tap("tap100", address="10.0.0.1/24")
-        vm = start_waiting_guest(ns)
+        vm = start_waiting_guest(ns, shm)
         vm.send_signal(sig)
         _, err = vm.communicate(timeout=10)
         assert vm.returncode == 128 + sig, err
