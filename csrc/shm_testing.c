@@ -70,7 +70,9 @@ struct stress {
     uint32_t max_batch;
     uint32_t flags;
     uint32_t consumer_spin;
-    uint64_t deadline_ns;
+    uint64_t timeout_ns;
+    uint64_t deadline_ns;   /* pushed on whenever a frame moves */
+    uint32_t seen;          /* prod + cons when the deadline was set */
     int efd;
     uint32_t done;      /* producer finished (everything published) */
     uint32_t abort;     /* time limit hit or broken ring: both sides stop */
@@ -140,6 +142,25 @@ static uint32_t stress_build(uint64_t seq, uint8_t *buf)
 }
 
 /*
+ * Nothing moved for timeout_ns: the ring is stuck.  A slow run (a loaded
+ * machine) is not a stuck one, so any progress pushes the deadline on; the
+ * two threads may race on these fields, which only moves it a little.
+ */
+static int stress_stalled(struct stress *s)
+{
+    uint32_t moved = __atomic_load_n(&s->ring->prod, __ATOMIC_RELAXED) +
+                     __atomic_load_n(&s->ring->cons, __ATOMIC_RELAXED);
+    uint64_t now = stress_now();
+
+    if (moved != __atomic_load_n(&s->seen, __ATOMIC_RELAXED)) {
+        __atomic_store_n(&s->seen, moved, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->deadline_ns, now + s->timeout_ns, __ATOMIC_RELAXED);
+        return 0;
+    }
+    return now > __atomic_load_n(&s->deadline_ns, __ATOMIC_RELAXED);
+}
+
+/*
  * One more wait in a row (the caller zeroes *waits on progress).  Spin
  * first; then yield now and then; after a long wait sleep briefly, so that
  * on a loaded machine (CI, other processes spinning) the peer thread gets a
@@ -155,7 +176,7 @@ static int stress_wait(struct stress *s, uint32_t *waits)
             struct timespec nap = { 0, 20000 };
             nanosleep(&nap, NULL);
         }
-        if (stress_now() > s->deadline_ns) {
+        if (stress_stalled(s)) {
             __atomic_store_n(&s->timed_out, 1, __ATOMIC_RELAXED);
             __atomic_store_n(&s->abort, 1, __ATOMIC_RELAXED);
         }
@@ -306,7 +327,7 @@ static void *stress_consumer(void *arg)
                      * a second to get to its notify before calling it lost. */
                     if (waiting != 0 && waiting != SHM_BAD && !stress_sleep(s, 1000))
                         s->cr.lost_wakeups++;
-                    if (stress_now() > s->deadline_ns) {
+                    if (stress_stalled(s)) {
                         __atomic_store_n(&s->timed_out, 1, __ATOMIC_RELAXED);
                         __atomic_store_n(&s->abort, 1, __ATOMIC_RELAXED);
                     }
@@ -369,7 +390,9 @@ int shm_test_stress(uint32_t slots, uint64_t frames, uint32_t start_index, uint3
     s->flags = flags;
     s->consumer_spin = consumer_spin;
     t0 = stress_now();
-    s->deadline_ns = t0 + (uint64_t)timeout_ms * 1000000u;
+    s->timeout_ns = (uint64_t)timeout_ms * 1000000u;
+    s->deadline_ns = t0 + s->timeout_ns;
+    s->seen = start_index + start_index;
 
     if ((err = pthread_create(&cons_thread, NULL, stress_consumer, s)) != 0) {
         err = -err;

@@ -36,7 +36,8 @@ uint64_t shm_test_ring_size(uint32_t slots);
  *                                 eventfd the producer signals when
  *                                 shm_prod_needs_notify says so.
  * consumer_spin: pause instructions per consumed frame (a slow consumer).
- * timeout_ms bounds the run: on expiry both threads stop and timed_out is 1.
+ * timeout_ms bounds a stall: when no frame has moved for that long both
+ * threads stop and timed_out is 1 (a slow run on a loaded machine goes on).
  * Returns 0, or -errno for bad arguments or resource failures.
  */
 #define SHM_STRESS_DROP_WHEN_FULL 1
