@@ -57,9 +57,9 @@ def run_mode(mode: str, args) -> dict:
         ]
         if args.pin:
             argv += ["--pin", "vcpu=0,io=1" if shm != "off" else "vcpu=0"]
-        if args.slots:
+        if args.slots and shm != "off":
             argv += [f"--shm-slots={args.slots}"]
-        if args.budget:
+        if args.budget and shm == "hybrid":
             argv += [f"--hybrid-budget={args.budget}"]
         argv += [str(GUEST), GUEST_IP, str(PORT), "0", str(args.idle_ms)]
         try:

@@ -138,21 +138,22 @@ static int net_write(struct pyvmm_fastpath *fp, uint64_t gpa)
 static int poll_hc(struct pyvmm_fastpath *fp, uint64_t gpa, int *interrupted)
 {
     struct hvt_hc_poll arg;
-    uint64_t ready = 0;
-    int64_t mask, timeout;
+    uint64_t ready = 0, mask;
+    int64_t timeout;
+    int r;
     uint32_t i, n = fp->n_poll < PYVMM_FAST_MAX_POLL ? fp->n_poll : PYVMM_FAST_MAX_POLL;
 
     if (!fp->poll)
         return PYTHON;
     LOAD_ARG(fp, gpa, arg);
     timeout = arg.timeout_nsecs > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)arg.timeout_nsecs;
-    mask = pyvmm_wait_readable(fp->poll_fd, (int)n, timeout);
-    if (mask < 0 && mask != -EINTR)
+    r = pyvmm_wait_readable(fp->poll_fd, (int)n, timeout, &mask);
+    if (r < 0 && r != -EINTR)
         return PYTHON;   /* Python waits again and reports the failure */
-    if (mask == -EINTR)
+    if (r == -EINTR)
         *interrupted = 1;
-    for (i = 0; mask > 0 && i < n; i++)
-        if ((mask & ((int64_t)1 << i)) && fp->poll_handle[i] >= 0)
+    for (i = 0; i < n; i++)
+        if ((mask & ((uint64_t)1 << i)) && fp->poll_handle[i] >= 0)
             ready |= (uint64_t)1 << fp->poll_handle[i];
     arg.ready_set = ready;
     arg.ret = HVT_RET_OK;

@@ -86,13 +86,14 @@ int pyvmm_vcpu_run(int vcpu_fd, void *kvm_run, struct pyvmm_exit *exit)
     return 0;
 }
 
-int64_t pyvmm_wait_readable(const int *fds, int nfds, int64_t timeout_ns)
+int pyvmm_wait_readable(const int *fds, int nfds, int64_t timeout_ns, uint64_t *ready)
 {
     struct pollfd pfds[64];
     struct timespec ts;
-    int64_t mask = 0;
-    int i, r;
+    uint64_t mask = 0;
+    int i, r, n = 0;
 
+    *ready = 0;
     if (nfds < 0 || nfds > 64)
         return -EINVAL;
     for (i = 0; i < nfds; i++) {
@@ -108,9 +109,12 @@ int64_t pyvmm_wait_readable(const int *fds, int nfds, int64_t timeout_ns)
     if (r < 0)
         return -errno;
     for (i = 0; i < nfds; i++)
-        if (pfds[i].revents & (POLLIN | POLLERR | POLLHUP))
-            mask |= (int64_t)1 << i;
-    return mask;
+        if (pfds[i].revents & (POLLIN | POLLERR | POLLHUP)) {
+            mask |= (uint64_t)1 << i;
+            n++;
+        }
+    *ready = mask;
+    return n;
 }
 
 int64_t pyvmm_map_anonymous(uint64_t size)

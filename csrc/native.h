@@ -44,11 +44,12 @@ long pyvmm_ioctl_val(int fd, unsigned long request, unsigned long arg);
 int pyvmm_vcpu_run(int vcpu_fd, void *kvm_run, struct pyvmm_exit *exit);
 
 /*
- * Wait until one of fds is readable or timeout_ns passes (nanosecond
- * resolution, unlike epoll).  Returns a bit mask of readable fds by index,
- * 0 on timeout, or -errno (-EINTR on a signal).
+ * Wait until one of fds (at most 64) is readable or timeout_ns passes
+ * (nanosecond resolution, unlike epoll).  *ready gets a bit per readable
+ * fd, by index.  Returns how many are readable (0 on timeout) or -errno
+ * (-EINTR on a signal).
  */
-int64_t pyvmm_wait_readable(const int *fds, int nfds, int64_t timeout_ns);
+int pyvmm_wait_readable(const int *fds, int nfds, int64_t timeout_ns, uint64_t *ready);
 
 /* mmap/mprotect/munmap of guest memory; return 0 / address or -errno. */
 int64_t pyvmm_map_anonymous(uint64_t size);

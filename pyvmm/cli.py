@@ -61,17 +61,24 @@ _NAMED = re.compile(r"^--(net|net-mac|block|block-sector-size):([^=]*)=(.*)$")
 _NAME_OK = re.compile(r"^[A-Za-z0-9]{1,67}$")
 
 
-def _positive_int(option: str, text: str) -> int:
+def _positive_int(option: str, text: str, most: int | None = None) -> int:
     if not re.fullmatch(r"[0-9]+", text) or int(text) <= 0:
         raise UsageError(f"{option}: '{text}' is not a positive integer")
+    if most is not None and int(text) > most:
+        raise UsageError(f"{option}: {text} is more than {most}")
     return int(text)
+
+
+# The hybrid budget is microseconds of polling without work; past a second
+# it is poll mode, and the C side holds it in 32 bits.
+MAX_HYBRID_BUDGET_US = 1_000_000
 
 
 def _parse_pin(value: str, config: VmConfig) -> None:
     cpus = os.sched_getaffinity(0)
     for part in value.split(","):
         thread, _, cpu = part.partition("=")
-        if thread not in ("vcpu", "io") or not cpu.isdigit():
+        if thread not in ("vcpu", "io") or not re.fullmatch(r"[0-9]{1,6}", cpu):
             raise UsageError(f"--pin: '{part}' is not vcpu=N or io=N")
         if int(cpu) not in cpus:
             raise UsageError(f"--pin: CPU {cpu} is not available (usable: {sorted(cpus)})")
@@ -101,7 +108,9 @@ def parse_args(argv: list[str]) -> VmConfig | str:
                 raise UsageError(f"--shm: '{value}' is not one of off, poll, event, hybrid")
             config.shm = value
         elif arg.startswith("--hybrid-budget="):
-            config.hybrid_budget_us = _positive_int("--hybrid-budget", arg.split("=", 1)[1])
+            config.hybrid_budget_us = _positive_int(
+                "--hybrid-budget", arg.split("=", 1)[1], MAX_HYBRID_BUDGET_US
+            )
         elif arg.startswith("--shm-slots="):
             slots = _positive_int("--shm-slots", arg.split("=", 1)[1])
             if slots & (slots - 1) or not 2 <= slots <= 32768:
@@ -157,6 +166,8 @@ def parse_args(argv: list[str]) -> VmConfig | str:
         raise UsageError("missing KERNEL (see pyvmm --help)")
     config.kernel = argv[i]
     config.guest_args = argv[i + 1 :]
+    if config.hybrid_budget_us is not None and config.shm != "hybrid":
+        raise UsageError("--hybrid-budget applies only to --shm=hybrid")
     return config
 
 
@@ -210,6 +221,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("pyvmm: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # a pyvmm bug: still one line, details on request
+        if os.environ.get("PYVMM_DEBUG"):
+            raise
+        sys.stdout.flush()
+        print(
+            f"pyvmm: internal error: {type(err).__name__}: {err} "
+            "(PYVMM_DEBUG=1 shows where; please report it)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

@@ -114,7 +114,13 @@ def check_devices(config: VmConfig, kernel: Kernel) -> dict[str, str]:
                 f"--net={config.default_net} needs exactly one net device in the manifest "
                 f"of {kernel.path} (it declares: {names}); use --net:NAME=IFACE"
             )
-        nets.setdefault(net_entries[0].name, config.default_net)
+        name = net_entries[0].name
+        if name in nets:
+            raise UsageError(
+                f"net device '{name}' given twice (--net={config.default_net} "
+                f"and --net:{name}={nets[name]})"
+            )
+        nets[name] = config.default_net
     requested = {name: DeviceType.NET for name in nets}
     requested |= {name: DeviceType.BLOCK for name in config.blocks}
     kernel.manifest.check_devices(requested)
@@ -155,6 +161,7 @@ class Vmm:
         self.stack = ExitStack()
         self.counters_ = ExitCounters()
         self.fast_path = None
+        self.hypercalls: Hypercalls | None = None
         self.elapsed = 0.0
         self.vcpu_cpu_ns = 0
         try:
@@ -175,6 +182,9 @@ class Vmm:
             )
         nets = check_devices(config, kernel)
         self.shm_mode = choose_shm(config.shm, kernel, bool(nets))
+        if config.shm_slots is not None and self.shm_mode == "off":
+            why = "--shm=off" if config.shm == "off" else "no net device or no shmstream driver"
+            raise UsageError(f"--shm-slots: {kernel.path} gets no shmstream region ({why})")
         layout = None
         usable = mem_size
         if self.shm_mode != "off":
@@ -304,6 +314,15 @@ class Vmm:
         }
         if self.fast_path is not None:
             out["hypercalls_in_c"] = self.hypercalls_in_c()
+        taps = [d.tap for d in self.hypercalls.nets.values()] if self.hypercalls else []
+        if taps:
+            # Frames the plain hypercall path dropped (too long for the
+            # guest's buffer, or refused by a full tap), C and Python alike.
+            fp = self.fast_path
+            out["tap_drops"] = {
+                "rx_oversize": sum(t.rx_dropped for t in taps) + (fp.rx_dropped if fp else 0),
+                "tx": sum(t.tx_dropped for t in taps) + (fp.tx_dropped if fp else 0),
+            }
         if self.kvm_stats is not None:
             out["kvm"] = self.kvm_stats.read()
         if self.shm is not None:

@@ -3,11 +3,14 @@ traceback, whatever the cause: command line, unikernel file or devices."""
 
 from __future__ import annotations
 
+import os
 import struct
+import subprocess
+import sys
 
 import pytest
 
-from conftest import guest, run_pyvmm
+from conftest import ROOT, guest, run_pyvmm
 
 pytestmark = pytest.mark.kvm
 
@@ -178,11 +181,48 @@ def test_help_and_version_exit_zero():
         ("--hybrid-budget=soon", ["--hybrid-budget", "positive integer"]),
         ("--pin=vcpu=99", ["--pin", "CPU 99 is not available"]),
         ("--pin=gpu=0", ["--pin", "vcpu=N or io=N"]),
+        ("--pin=vcpu=\u00b2", ["--pin", "vcpu=N or io=N"]),  # isdigit() would say yes
         ("--cpl=2", ["--cpl", "auto, 0, 3"]),
+        ("--hybrid-budget=4294967296", ["--hybrid-budget", "more than 1000000"]),
+        ("--net=@2147483648", ["not a file descriptor number"]),
+        ("--net=@99999999999999999999", ["not a file descriptor number"]),
     ],
 )
 def test_bad_option_values(option, words):
-    assert_error(run_pyvmm(option, guest("hello")), *words)
+    assert_error(run_pyvmm("--shm=hybrid", option, guest("ping")), *words)
+
+
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        (["--hybrid-budget=100"], ["--hybrid-budget applies only to --shm=hybrid"]),
+        (["--shm=event", "--hybrid-budget=100"], ["applies only to --shm=hybrid"]),
+        (["--shm-slots=64"], ["--shm-slots", "gets no shmstream region"]),
+        (["--net:service0=tapA", "--net=tapB"], ["'service0' given twice"]),
+    ],
+)
+def test_options_that_cannot_apply_are_refused(options, words):
+    kernel = guest("ping") if any(o.startswith("--net") for o in options) else guest("hello")
+    assert_error(run_pyvmm(*options, kernel, "10.0.0.2"), *words)
+
+
+def test_kernel_that_is_a_fifo_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "kernel.fifo"
+    os.mkfifo(fifo)
+    assert_error(run_pyvmm(fifo, timeout=20), "not a regular file")
+
+
+def test_guest_arguments_pass_as_raw_bytes():
+    """An argument that is not valid UTF-8 reaches the guest byte for byte."""
+    raw = b"caf\xe9"
+    result = subprocess.run(
+        [sys.executable, "-m", "pyvmm", os.fsencode(guest("args")), b"3", raw],
+        capture_output=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert result.returncode == 3, result.stderr
+    assert b"cmdline: 3 " + raw in result.stdout
 
 
 def test_pin_needs_a_value():

@@ -6,6 +6,7 @@ page tables map without write access; offsets come from the ABI header.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from pyvmm._native import ffi, lib
@@ -21,8 +22,12 @@ def _align8(value: int) -> int:
 
 
 def join_cmdline(args: list[str]) -> bytes:
-    """The guest arguments as solo5-hvt passes them: joined by single spaces."""
-    cmdline = " ".join(args).encode()
+    """The guest arguments as solo5-hvt passes them: joined by single spaces.
+
+    Each argument goes over as the bytes it was on pyvmm's own command line
+    (os.fsencode undoes Python's decoding), whatever its encoding.
+    """
+    cmdline = b" ".join(os.fsencode(arg) for arg in args)
     if len(cmdline) >= CMDLINE_SIZE:
         raise UsageError(
             f"guest command line is {len(cmdline)} bytes, at most {CMDLINE_SIZE - 1} are allowed"

@@ -9,6 +9,7 @@ block) go back in ``ret`` as EINVAL, as solo5-hvt does.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Callable
@@ -59,6 +60,7 @@ class Hypercalls:
         fds = first + [self.nets[h].fileno() for h in self._poll_handles]
         self._poll_fds = ffi.new("int[]", fds)
         self._poll_nfds = len(fds)
+        self._ready = ffi.new("uint64_t *")
         self.table: dict[int, Callable[[int], None]] = {
             lib.HVT_HYPERCALL_WALLTIME: self.walltime,
             lib.HVT_HYPERCALL_PUTS: self.puts,
@@ -121,9 +123,10 @@ class Hypercalls:
             ready = shm.ready_set()
             if ready:
                 timeout = 0
-        mask = lib.pyvmm_wait_readable(self._poll_fds, self._poll_nfds, timeout)
-        if mask < 0 and mask != -4:  # -EINTR: a stop signal, seen by the run loop
-            raise GuestFault(f"poll hypercall: wait failed: {os.strerror(-mask)}")
+        found = lib.pyvmm_wait_readable(self._poll_fds, self._poll_nfds, timeout, self._ready)
+        if found < 0 and found != -errno.EINTR:  # EINTR: a stop signal, seen by the run loop
+            raise GuestFault(f"poll hypercall: wait failed: {os.strerror(-found)}")
+        mask = self._ready[0] if found > 0 else 0
         if shm is not None:
             ready |= shm.ready_set()
         for bit, handle in enumerate(self._poll_handles, start=self._poll_first):

@@ -110,9 +110,14 @@ def load_kernel(path: str, host_machine: str, *, legacy_abi: bool = False) -> Ke
 
 def _read_file(path: str) -> bytes:
     try:
+        # A FIFO would block the open itself, a device node could act on
+        # being opened: only regular files are opened (and checked again).
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            what = "Is a directory" if stat.S_ISDIR(mode) else "not a regular file"
+            raise LoaderError(f"cannot open {path}: {what}")
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
-            # A FIFO or a device would block or never end; only files can be kernels.
             if not stat.S_ISREG(st.st_mode):
                 raise LoaderError(f"cannot open {path}: not a regular file")
             if st.st_size > MAX_FILE_SIZE:

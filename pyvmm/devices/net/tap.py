@@ -172,7 +172,7 @@ class TapBackend(OwnedFd):
             return DeviceError(f"tap device '{iface}': {cause}")
 
         text = iface[1:]
-        if not text.isdecimal() or not text.isascii():
+        if not text.isdecimal() or not text.isascii() or len(text) > 10 or int(text) >= 1 << 31:
             raise fail(f"'{text}' is not a file descriptor number")
         fd = int(text)
         try:
