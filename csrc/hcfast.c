@@ -1,6 +1,7 @@
 /* See hcfast.h: the per-frame hvt hypercalls, answered without Python. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -10,6 +11,10 @@
 #include "hcfast.h"
 #include "hvt_abi.h"
 
+_Static_assert(sizeof(struct hvt_hc_block_read) == sizeof(struct hvt_hc_block_write) &&
+               offsetof(struct hvt_hc_block_read, ret) ==
+               offsetof(struct hvt_hc_block_write, ret),
+               "block_io reads both requests through one layout");
 _Static_assert(PYVMM_FAST_MAX_HANDLES == 64 && PYVMM_FAST_MAX_RO == 32 &&
                PYVMM_FAST_MAX_POLL == PYVMM_FAST_MAX_HANDLES + 1,
                "hcfast.h: array sizes are literals for cffi, keep them in step");
@@ -133,6 +138,46 @@ static int net_write(struct pyvmm_fastpath *fp, uint64_t gpa)
     return ANSWERED;
 }
 
+/* As Hypercalls._block: whole blocks inside the disk, all or nothing.  A
+ * request that is not (Python's EINVAL) or a buffer outside memory (its
+ * fault) goes to Python; I/O errors and a file that shrank are EUNSPEC. */
+static int block_io(struct pyvmm_fastpath *fp, uint64_t gpa, int is_read)
+{
+    struct hvt_hc_block_read arg;   /* block_write has the same layout */
+    uint64_t bs, done = 0;
+    int fd;
+
+    LOAD_ARG(fp, gpa, arg);
+    if (arg.handle >= PYVMM_FAST_MAX_HANDLES || (fd = fp->blk_fd[arg.handle]) < 0)
+        return PYTHON;
+    bs = fp->blk_block_size[arg.handle];
+    if (bs == 0 || arg.len == 0 || arg.offset % bs || arg.len % bs ||
+        arg.offset > fp->blk_capacity[arg.handle] ||
+        arg.len > fp->blk_capacity[arg.handle] - arg.offset)
+        return PYTHON;
+    if (is_read ? !writable(fp, arg.data, arg.len) : !in_memory(fp, arg.data, arg.len))
+        return PYTHON;
+    arg.ret = HVT_RET_OK;
+    while (done < arg.len) {
+        uint8_t *p = host(fp, arg.data + done);
+        ssize_t n = is_read ? pread(fd, p, arg.len - done, (off_t)(arg.offset + done))
+                            : pwrite(fd, p, arg.len - done, (off_t)(arg.offset + done));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            arg.ret = HVT_RET_EUNSPEC;
+            break;
+        }
+        done += (uint64_t)n;
+    }
+    if (is_read)
+        fp->block_reads++;
+    else
+        fp->block_writes++;
+    STORE_ARG(fp, gpa, arg);
+    return ANSWERED;
+}
+
 /* As Hypercalls.poll without a shmstream region.  -EINTR: answered with
  * nothing ready, and the caller returns so Python sees the signal. */
 static int poll_hc(struct pyvmm_fastpath *fp, uint64_t gpa, int *interrupted)
@@ -178,6 +223,10 @@ static int answer(struct pyvmm_fastpath *fp, const struct pyvmm_exit *exit, int 
         return net_write(fp, gpa);
     case HVT_HYPERCALL_POLL:
         return poll_hc(fp, gpa, interrupted);
+    case HVT_HYPERCALL_BLOCK_READ:
+        return block_io(fp, gpa, 1);
+    case HVT_HYPERCALL_BLOCK_WRITE:
+        return block_io(fp, gpa, 0);
     default:
         return PYTHON;
     }

@@ -1,7 +1,8 @@
 /*
- * The hypercall fast path: the per-frame hvt hypercalls (net_read,
- * net_write, poll) and walltime answered in C, inside the vCPU thread's
- * KVM_RUN loop, without a trip through Python.
+ * The hypercall fast path: the per-frame and per-request hvt hypercalls
+ * (net_read, net_write, poll, block_read, block_write) and walltime
+ * answered in C, inside the vCPU thread's KVM_RUN loop, without a trip
+ * through Python.
  *
  * Only the clean case is handled here: argument struct and buffer inside
  * guest memory and, where the host writes, outside every read-only range.
@@ -34,6 +35,11 @@ struct pyvmm_fastpath {
     /* By manifest handle: the tap fd of a net device (-1: none), its largest frame. */
     int32_t net_fd[64];
     uint32_t max_frame[64];
+    /* By manifest handle: the backing file of a block device (-1: none),
+     * its size in bytes and block size (a power of two). */
+    int32_t blk_fd[64];
+    uint64_t blk_capacity[64];
+    uint32_t blk_block_size[64];
     /* What poll waits on: the stop eventfd first (handle -1), then taps. */
     uint32_t n_poll;
     int32_t poll_fd[65];
@@ -47,6 +53,8 @@ struct pyvmm_fastpath {
     uint64_t net_reads_again;
     uint64_t net_writes;
     uint64_t polls;
+    uint64_t block_reads;
+    uint64_t block_writes;
     uint64_t rx_dropped;
     uint64_t tx_dropped;
 };

@@ -344,8 +344,17 @@ class Vmm:
         fp = self.fast_path
         if fp is None:
             return None
-        names = ("answered", "walltimes", "net_reads", "net_reads_again", "net_writes", "polls")
-        return {name: getattr(fp, name) for name in names + ("rx_dropped", "tx_dropped")}
+        names = (
+            "answered",
+            "walltimes",
+            "net_reads",
+            "net_reads_again",
+            "net_writes",
+            "polls",
+            "block_reads",
+            "block_writes",
+        )
+        return {name: getattr(fp, name) for name in names}
 
     def _loop(self) -> int:
         vcpu = self.vcpu

@@ -75,8 +75,9 @@ class Hypercalls:
     def fast_path(self):
         """These hypercalls as the C fast path sees them (csrc/hcfast.h).
 
-        It answers the clean cases of walltime, net_read, net_write and (with
-        no shmstream region, whose wake-ups only Python follows) poll, and
+        It answers the clean cases of walltime, net_read, net_write,
+        block_read, block_write and (with no shmstream region, whose
+        wake-ups only Python follows) poll, and
         hands everything else back to the handlers below, so both agree by
         construction on every error. None when memory has more read-only
         ranges than it can hold (then Python answers everything).
@@ -92,9 +93,16 @@ class Hypercalls:
             fp.ro_start[i], fp.ro_end[i] = start, end
         for handle in range(lib.PYVMM_FAST_MAX_HANDLES):
             fp.net_fd[handle] = -1
+        for handle in range(lib.PYVMM_FAST_MAX_HANDLES):
+            fp.blk_fd[handle] = -1
         for handle, device in self.nets.items():
             fp.net_fd[handle] = device.fileno()
             fp.max_frame[handle] = device.max_frame
+        for handle, device in self.devices.items():
+            if isinstance(device, BlockDevice):
+                fp.blk_fd[handle] = device.fileno()
+                fp.blk_capacity[handle] = device.capacity
+                fp.blk_block_size[handle] = device.block_size
         fp.poll = int(self.shm is None)
         fp.n_poll = self._poll_nfds
         handles = [-1] * self._poll_first + self._poll_handles
