@@ -46,14 +46,17 @@ static uint8_t *host(const struct pyvmm_fastpath *fp, uint64_t gpa)
     return (uint8_t *)(uintptr_t)fp->mem + gpa;
 }
 
-/* The guest may change its struct while we look: copy it in, copy results out. */
+/* Copy the struct in once (the guest may change it), and write back only
+ * the result fields, as Python does: a buffer that overlaps the struct
+ * keeps what was read into it. */
 #define LOAD_ARG(fp, gpa, arg)                                           \
     do {                                                                 \
         if (!writable(fp, gpa, sizeof(arg)))                             \
             return PYTHON;                                               \
         memcpy(&(arg), host(fp, gpa), sizeof(arg));                      \
     } while (0)
-#define STORE_ARG(fp, gpa, arg) memcpy(host(fp, gpa), &(arg), sizeof(arg))
+#define STORE(fp, gpa, arg, field) \
+    memcpy(host(fp, gpa) + offsetof(__typeof__(arg), field), &(arg).field, sizeof((arg).field))
 
 static int net_fd(const struct pyvmm_fastpath *fp, uint64_t handle)
 {
@@ -68,7 +71,7 @@ static int walltime(struct pyvmm_fastpath *fp, uint64_t gpa)
     LOAD_ARG(fp, gpa, arg);
     clock_gettime(CLOCK_REALTIME, &ts);
     arg.nsecs = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-    STORE_ARG(fp, gpa, arg);
+    STORE(fp, gpa, arg, nsecs);
     fp->walltimes++;
     return ANSWERED;
 }
@@ -108,7 +111,9 @@ static int net_read(struct pyvmm_fastpath *fp, uint64_t gpa)
         fp->net_reads++;
         break;
     }
-    STORE_ARG(fp, gpa, arg);
+    if (arg.ret == HVT_RET_OK)
+        STORE(fp, gpa, arg, len);
+    STORE(fp, gpa, arg, ret);
     return ANSWERED;
 }
 
@@ -134,7 +139,7 @@ static int net_write(struct pyvmm_fastpath *fp, uint64_t gpa)
     } else {
         fp->net_writes++;
     }
-    STORE_ARG(fp, gpa, arg);
+    STORE(fp, gpa, arg, ret);
     return ANSWERED;
 }
 
@@ -174,7 +179,7 @@ static int block_io(struct pyvmm_fastpath *fp, uint64_t gpa, int is_read)
         fp->block_reads++;
     else
         fp->block_writes++;
-    STORE_ARG(fp, gpa, arg);
+    STORE(fp, gpa, arg, ret);
     return ANSWERED;
 }
 
@@ -202,7 +207,8 @@ static int poll_hc(struct pyvmm_fastpath *fp, uint64_t gpa, int *interrupted)
             ready |= (uint64_t)1 << fp->poll_handle[i];
     arg.ready_set = ready;
     arg.ret = HVT_RET_OK;
-    STORE_ARG(fp, gpa, arg);
+    STORE(fp, gpa, arg, ready_set);
+    STORE(fp, gpa, arg, ret);
     fp->polls++;
     return ANSWERED;
 }

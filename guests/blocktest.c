@@ -217,6 +217,25 @@ int solo5_app_main(const struct solo5_start_info *si)
                SOLO5_R_EINVAL);
         expect("host: write of block_size/2 bytes",
                raw_write(h, 0, scratch, bs / 2), SOLO5_R_EINVAL);
+
+        /* A read into the very buffer that holds the request: the host
+         * writes back ret only (as solo5-hvt), so every other word of the
+         * sector arrives, the request's own fields included. */
+        struct hvt_hc_block_read *rd = (struct hvt_hc_block_read *)buf;
+        rd->handle = h;
+        rd->offset = 0;
+        rd->data = (uint64_t)(uintptr_t)buf;
+        rd->len = bs;
+        rd->ret = -1;
+        hvt_hypercall(HVT_HYPERCALL_BLOCK_READ, rd);
+        expect("host: read over its own request", (solo5_result_t)rd->ret, SOLO5_R_OK);
+        if (buf[0] != 0 || buf[1] != sector_word(0) || buf[2] != sector_word(0) ||
+                buf[3] != sector_word(0) || buf[words - 1] != ~(uint64_t)0) {
+            rt_printf("FAILURE: read over its own request: fields %lx %lx %lx %lx\n",
+                      (unsigned long)buf[0], (unsigned long)buf[1],
+                      (unsigned long)buf[2], (unsigned long)buf[3]);
+            failures++;
+        }
     }
 
     /* The bad requests above must not have changed the data. */

@@ -1,7 +1,8 @@
 """File-backed block device for the hvt block_read / block_write hypercalls.
 
 The guest sees a disk of ``capacity`` bytes that it reads and writes in whole
-blocks; the host side is one regular file.  Positional I/O (``preadv`` /
+blocks; the host side is one regular file or block device (a loop or LVM
+volume, as solo5-hvt allows).  Positional I/O (``preadv`` /
 ``pwritev``) keeps no shared file offset, so requests may come from any
 thread, and it moves data straight between the file and guest memory.
 """
@@ -55,19 +56,20 @@ class BlockDevice(OwnedFd):
                 f"{MIN_BLOCK_SIZE} and {MAX_BLOCK_SIZE}"
             )
         try:
-            # Refuse non-regular files before open(): opening a FIFO or a
-            # device node can block or have side effects.
-            if not stat.S_ISREG(os.stat(path).st_mode):
-                raise fail(f"{path} is not a regular file")
+            # Refuse anything else before open(): opening a FIFO or a
+            # character device can block or have side effects.
+            if not _is_disk(os.stat(path).st_mode):
+                raise fail(f"{path} is not a regular file or block device")
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         except OSError as err:
             raise fail(f"cannot open {path}: {_reason(err)}") from None
         try:
             st = os.fstat(fd)
             # The path may have been replaced between stat() and open().
-            if not stat.S_ISREG(st.st_mode):
-                raise fail(f"{path} is not a regular file")
-            size = st.st_size
+            if not _is_disk(st.st_mode):
+                raise fail(f"{path} is not a regular file or block device")
+            # A block device's st_size is 0: its end is where its size is.
+            size = st.st_size if stat.S_ISREG(st.st_mode) else os.lseek(fd, 0, os.SEEK_END)
             if size == 0:
                 raise fail(f"{path} is empty")
             if size % block_size:
@@ -149,3 +151,7 @@ def _bytes_view(buf: Any) -> memoryview:
 
 def _reason(err: OSError) -> str:
     return err.strerror or os.strerror(err.errno or errno.EIO)
+
+
+def _is_disk(mode: int) -> bool:
+    return stat.S_ISREG(mode) or stat.S_ISBLK(mode)

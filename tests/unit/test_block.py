@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import array
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +48,14 @@ def test_open_rejects_missing_file(tmp_path: Path) -> None:
 
 
 def test_open_rejects_directory(tmp_path: Path) -> None:
-    with pytest.raises(DeviceError, match=r"^block device 'storage': .* is not a regular file$"):
+    with pytest.raises(
+        DeviceError, match=r"^block device 'storage': .* is not a regular file or block device$"
+    ):
         BlockDevice.open("storage", str(tmp_path))
 
 
 def test_open_rejects_device_node() -> None:
-    with pytest.raises(DeviceError, match="/dev/null is not a regular file"):
+    with pytest.raises(DeviceError, match="/dev/null is not a regular file or block device"):
         BlockDevice.open("storage", "/dev/null")
 
 
@@ -260,3 +263,36 @@ def test_context_manager_closes_the_file(tmp_path: Path) -> None:
     assert dev.closed
     with pytest.raises(OSError):
         os.fstat(fd)
+
+
+@pytest.fixture
+def loop_device(tmp_path: Path):
+    """A loop block device over a 1 MiB image, detached afterwards."""
+    image = tmp_path / "loop.img"
+    image.write_bytes(bytes(1 << 20))
+    try:
+        found = subprocess.run(
+            ["losetup", "--find", "--show", str(image)], capture_output=True, text=True
+        )
+    except FileNotFoundError:
+        pytest.skip("losetup is not installed")
+    if found.returncode != 0:
+        pytest.skip(f"no loop devices here: {found.stderr.strip()}")
+    device = found.stdout.strip()
+    try:
+        yield device, image
+    finally:
+        subprocess.run(["losetup", "--detach", device], check=True)
+
+
+def test_block_device_node_is_a_disk_too(loop_device) -> None:
+    """As solo5-hvt: a loop or LVM volume works; its size comes from seeking."""
+    device, image = loop_device
+    with BlockDevice.open("storage", device, 4096) as disk:
+        assert disk.capacity == 1 << 20
+        disk.write_from(8192, b"\x5a" * 4096)
+        back = bytearray(4096)
+        disk.read_into(8192, back)
+        assert bytes(back) == b"\x5a" * 4096
+    os.sync()
+    assert image.read_bytes()[8192 : 8192 + 4096] == b"\x5a" * 4096
