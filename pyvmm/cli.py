@@ -28,7 +28,8 @@ Run a Solo5 hvt unikernel on KVM. Options (solo5-hvt compatible):
                                 an already open tap file descriptor)
   --net=IFACE                   the same, when the manifest has one net device
   --net-mac:NAME=HWADDR         guest MAC address of net device NAME
-  --block:NAME=PATH             attach block device NAME to file PATH
+  --block:NAME=PATH             attach block device NAME to PATH (a file or
+                                a host block device)
   --block-sector-size:NAME=N    sector size of block device NAME (default 512)
   --cpl=auto|0|3                privilege level of the guest: 3 (user mode,
                                 native speed on PVM hosts) needs a guest that
