@@ -45,7 +45,13 @@ def frame(seq: int, length: int) -> bytes:
 
 
 def new_ring(slots: int, start: int) -> tuple[object, object]:
-    """A zeroed ring of `slots` slots whose indices both start at `start`."""
+    """A zeroed ring of `slots` slots whose indices both start at `start`.
+
+    Returns (memory, ring): the ring is a cast that does not own the
+    memory, so the caller must keep the first element bound for as long as
+    it uses the ring (binding it to ``_`` and then looping with ``for _``
+    freed it mid-test once).
+    """
     buf = ffi.new("uint8_t[]", lib.shm_test_ring_size(slots))
     ring = ffi.cast("struct shm_ring *", buf)
     ring.prod = start
@@ -97,7 +103,7 @@ def test_shm_slot_is_the_size_the_layout_promises():
 
 
 def test_slot_index_wraps_modulo_the_ring():
-    _, ring = new_ring(8, 0)
+    mem, ring = new_ring(8, 0)
     base = int(ffi.cast("uintptr_t", ring.slot))
     for index in (0, 7, 8, 15, MASK, MASK - 7, 2**31 + 3):
         addr = int(ffi.cast("uintptr_t", lib.shm_test_slot(ring, index, 8)))
@@ -226,7 +232,7 @@ TestRingModel = RingModel.TestCase
 def test_fifo_survives_the_uint32_wrap(slots: int):
     """Fill and drain the ring repeatedly across 2**32, checking every byte."""
     start = (2**32 - 3 * slots - 1) & MASK
-    _, ring = new_ring(slots, start)
+    mem, ring = new_ring(slots, start)
     prod = cons = start
     seq = expected = 0
     for round_ in range(8):
@@ -383,7 +389,7 @@ def test_every_interleaving_of_sleep_and_publish_wakes_or_sees_the_frame(
     """The consumer either sees the frame or is notified: never neither."""
     slots = 4
     start = (2**32 - 1) & MASK
-    _, ring = new_ring(slots, start)
+    mem, ring = new_ring(slots, start)
     prod = cons = start
     for _ in range(waiting):
         write_slot(ring, prod, slots, b"old")
@@ -410,7 +416,7 @@ def test_every_interleaving_of_sleep_and_publish_wakes_or_sees_the_frame(
 
 
 def test_prepare_sleep_on_empty_ring_sets_the_flag_and_awake_clears_it():
-    _, ring = new_ring(8, MASK)
+    mem, ring = new_ring(8, MASK)
     assert lib.shm_test_cons_prepare_sleep(ring, MASK, 8) == 1
     assert ring.cons_sleeping == 1
     assert lib.shm_test_prod_needs_notify(ring) == 1
@@ -422,7 +428,7 @@ def test_prepare_sleep_on_empty_ring_sets_the_flag_and_awake_clears_it():
 @given(slots=st.sampled_from(SLOT_COUNTS), start=starts, data=st.data())
 @settings(max_examples=100, deadline=None)
 def test_prepare_sleep_refuses_while_frames_wait(slots: int, start: int, data: st.DataObject):
-    _, ring = new_ring(slots, start)
+    mem, ring = new_ring(slots, start)
     waiting = data.draw(st.integers(1, slots))
     lib.shm_test_prod_publish(ring, (start + waiting) & MASK)
     ring.cons_sleeping = data.draw(st.sampled_from([0, 1]))
@@ -445,7 +451,7 @@ def _peer_values(slots: int, own: int):
 def test_hostile_consumer_index_yields_space_in_range_or_bad(
     slots: int, own: int, data: st.DataObject
 ):
-    _, ring = new_ring(min(slots, 64), own)  # only the header is read
+    mem, ring = new_ring(min(slots, 64), own)  # only the header is read
     peer = data.draw(_peer_values(slots, own))
     ring.cons = peer
     space = lib.shm_test_prod_space(ring, own, slots)
@@ -459,7 +465,7 @@ def test_hostile_consumer_index_yields_space_in_range_or_bad(
 def test_hostile_producer_index_yields_avail_in_range_or_bad(
     slots: int, own: int, data: st.DataObject
 ):
-    _, ring = new_ring(min(slots, 64), own)
+    mem, ring = new_ring(min(slots, 64), own)
     peer = data.draw(_peer_values(slots, own))
     ring.prod = peer
     avail = lib.shm_test_cons_avail(ring, own, slots)
@@ -481,6 +487,6 @@ def test_hostile_producer_index_yields_avail_in_range_or_bad(
 )
 @settings(max_examples=200, deadline=None)
 def test_any_nonzero_sleep_flag_means_notify(slots: int, index: int, sleeping: int):
-    _, ring = new_ring(slots, index)
+    mem, ring = new_ring(slots, index)
     ring.cons_sleeping = sleeping
     assert lib.shm_test_prod_needs_notify(ring) == (1 if sleeping else 0)
