@@ -253,6 +253,12 @@ class NetNamespace:
         out, err = proc.communicate(timeout=30)
         raise RuntimeError(f"pyvmm ended before the guest was ready: {head}{out}{err}")
 
+    def run_pyvmm(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        """Run ``pyvmm ARGS`` to its end inside the namespace, output captured
+        as text (``start_pyvmm`` is for guests that must be sent traffic)."""
+        argv = [sys.executable, "-m", "pyvmm", *map(str, args)]
+        return self.run(argv, capture_output=True, text=True, **kwargs)
+
     def run(
         self,
         argv: Sequence[str],

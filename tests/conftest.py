@@ -61,6 +61,12 @@ def guest(name: str) -> Path:
     return path
 
 
+def engine_env(engine: str) -> dict[str, str] | None:
+    """The environment that makes pyvmm answer hypercalls with ``engine``:
+    "c" (the fast path, the default) or "python" (PYVMM_PY_HYPERCALLS=1)."""
+    return dict(os.environ, PYVMM_PY_HYPERCALLS="1") if engine == "python" else None
+
+
 def run_pyvmm(*args: str, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
     """Run the pyvmm command as a user would, capturing its output."""
     return subprocess.run(

@@ -4,11 +4,10 @@ and exit status, exactly as it would under solo5-hvt."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
-from conftest import guest, run_pyvmm
+from conftest import engine_env, guest, run_pyvmm
 
 # Every guest runs at both privilege levels: 0 as solo5-hvt runs it, 3 in
 # pyvmm's user-mode profile (the guests declare they can).
@@ -75,7 +74,7 @@ def test_block_requests_checked_alike_by_c_and_python(cpl, disk, engine):
     and bad-handle ones sent as raw hypercalls. The C fast path answers the
     good ones and hands the others to Python, which answers everything
     with PYVMM_PY_HYPERCALLS=1: the guest sees the same results."""
-    env = dict(os.environ, PYVMM_PY_HYPERCALLS="1") if engine == "python" else None
+    env = engine_env(engine)
     result = run_pyvmm(
         f"--cpl={cpl}", "--stats", f"--block:storage={disk}", guest("blocktest"), "strict", env=env
     )

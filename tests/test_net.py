@@ -3,13 +3,11 @@ removes: a tap in it, pyvmm running in it, the sender in it."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, guest
+from conftest import ROOT, engine_env, guest
 from pyvmm.netns import NetNamespace, can_create_namespaces
 
 pytestmark = [
@@ -42,7 +40,7 @@ def ping(ns: NetNamespace, count: int) -> subprocess.CompletedProcess:
 def test_guest_answers_ping_over_tap(engine):
     """Over the plain hypercall path, answered by the C fast path or (as the
     fast path does for anything unclean) by Python."""
-    env = dict(os.environ, PYVMM_PY_HYPERCALLS="1") if engine == "python" else None
+    env = engine_env(engine)
     with NetNamespace() as ns:
         ns.add_tap("tap100", address="10.0.0.1/24")
         vm, head = start_guest(
@@ -128,24 +126,10 @@ def test_bad_per_frame_hypercalls_get_the_same_answer_from_c_and_python(case, en
     """The C fast path (csrc/hcfast.c) answers only clean hypercalls and
     hands the rest to Python: a bad pointer stops the guest with Python's
     one-line message, a bad handle or length gets EINVAL, either way."""
-    env = dict(os.environ, PYVMM_PY_HYPERCALLS="1") if engine == "python" else None
     with NetNamespace() as ns:
         ns.add_tap("tap100", address="10.0.0.1/24")
-        result = ns.run(
-            [
-                sys.executable,
-                "-m",
-                "pyvmm",
-                "--shm=off",
-                "--net=tap100",
-                str(guest("badcall")),
-                case,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=ROOT,
-            env=env,
+        result = ns.run_pyvmm(
+            "--shm=off", "--net=tap100", guest("badcall"), case, cwd=ROOT, env=engine_env(engine)
         )
     status, words = BAD_CALLS[case]
     assert result.returncode == status, result.stdout + result.stderr

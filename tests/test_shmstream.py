@@ -183,21 +183,8 @@ def test_solo5_ring_guest_answers_ping(mode):
 
 def test_no_net_ring_turns_solo5_ring_off():
     with namespace() as ns:
-        result = ns.run(
-            [
-                sys.executable,
-                "-m",
-                "pyvmm",
-                "--no-net-ring",
-                "--net:service0=tap100",
-                str(guest("s5ring")),
-                GUEST_IP,
-                "1",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=ROOT,
+        result = ns.run_pyvmm(
+            "--no-net-ring", "--net:service0=tap100", guest("s5ring"), GUEST_IP, "1", cwd=ROOT
         )
     assert result.returncode == 1
     assert "the host offers no Solo5 ring" in result.stdout
@@ -205,20 +192,8 @@ def test_no_net_ring_turns_solo5_ring_off():
 
 def test_explicit_mode_with_nothing_to_serve_is_an_error():
     with namespace() as ns:
-        result = ns.run(
-            [
-                sys.executable,
-                "-m",
-                "pyvmm",
-                "--shm=poll",
-                "--no-net-ring",
-                "--net:service0=tap100",
-                str(guest("s5ring")),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=ROOT,
+        result = ns.run_pyvmm(
+            "--shm=poll", "--no-net-ring", "--net:service0=tap100", guest("s5ring"), cwd=ROOT
         )
     assert result.returncode == 1
     assert result.stderr.strip().startswith("pyvmm: --shm=poll: nothing to serve")
