@@ -453,7 +453,7 @@ def choose_shm(requested: str | None, kernel: Kernel, has_nets: bool) -> str:
     """
     if requested == "off" or not has_nets or not kernel.capabilities.shmstream:
         return "off"
-    if kernel.abi.legacy:
+    if kernel.abi.legacy:  # reads no host features: cannot find a region
         return "off"
     return requested or DEFAULT_SHM_MODE
 

@@ -77,10 +77,10 @@ class Hypercalls:
 
         It answers the clean cases of walltime, net_read, net_write,
         block_read, block_write and (with no shmstream region, whose
-        wake-ups only Python follows) poll, and
-        hands everything else back to the handlers below, so both agree by
-        construction on every error. None when memory has more read-only
-        ranges than it can hold (then Python answers everything).
+        wake-ups only Python follows) poll, and hands everything else back
+        to the handlers below, so both agree by construction on every error.
+        None when memory has more read-only ranges than it can hold (then
+        Python answers everything).
         """
         ranges = self.memory.read_only_ranges()
         if len(ranges) > lib.PYVMM_FAST_MAX_RO:
@@ -92,9 +92,7 @@ class Hypercalls:
         for i, (start, end) in enumerate(ranges):
             fp.ro_start[i], fp.ro_end[i] = start, end
         for handle in range(lib.PYVMM_FAST_MAX_HANDLES):
-            fp.net_fd[handle] = -1
-        for handle in range(lib.PYVMM_FAST_MAX_HANDLES):
-            fp.blk_fd[handle] = -1
+            fp.net_fd[handle] = fp.blk_fd[handle] = -1
         for handle, device in self.nets.items():
             fp.net_fd[handle] = device.fileno()
             fp.max_frame[handle] = device.max_frame
