@@ -6,7 +6,7 @@ For each mode (--shm=off: one hypercall per frame, answered in C by the
 fast path; off-py: the same answered by Python, PYVMM_PY_HYPERCALLS=1;
 poll, event, hybrid: the shmstream IO thread) this boots the udpsink guest in a fresh network
 namespace with a tap, floods it from inside the namespace with UDP
-datagrams of --size payload bytes (C sendmmsg sender, pyvmm.traffic) for
+datagrams of --size payload bytes (C sendmmsg sender, testkit.traffic) for
 --seconds, and reports what the guest itself received and checked (frames
 with a bad payload pattern count as errors), the VM exits KVM counted
 (KVM_GET_STATS_FD) and those that reached pyvmm, the host-side drops, and
@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pyvmm.netns import NetNamespace  # noqa: E402
+from testkit.netns import NetNamespace  # noqa: E402
 
 GUEST = ROOT / "guests" / "bin" / "udpsink.hvt"
 GUEST_IP, HOST_IP, PORT = "10.0.0.2", "10.0.0.1", 5000
@@ -69,7 +69,7 @@ def run_mode(mode: str, args) -> dict:
         sender = [
             sys.executable,
             "-m",
-            "pyvmm.traffic",
+            "testkit.traffic",
             GUEST_IP,
             str(PORT),
             "--seconds",

@@ -24,10 +24,8 @@ SHARED_HEADERS = (
     "native.h",
     "hcfast.h",
     "iothread.h",
-    "shm_testing.h",
-    "traffic.h",
 )
-SOURCES = ("native.c", "hcfast.c", "iothread.c", "shm_testing.c", "traffic.c")
+SOURCES = ("native.c", "hcfast.c", "iothread.c")
 
 _DEFINE = re.compile(r"^#define\s+\w+\s+(0x[0-9a-fA-F]+|\d+)\s*$")
 

@@ -10,9 +10,11 @@ import json
 import sys
 from pathlib import Path
 
-from pyvmm.netns import NetNamespace
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # testkit/ (the test and demo kit, not shipped)
+
+from testkit.netns import NetNamespace  # noqa: E402
+
 GUEST = ROOT / "guests" / "bin" / "ping.hvt"
 
 

@@ -11,8 +11,8 @@ import pytest
 from conftest import guest
 from pyvmm.config import VmConfig
 from pyvmm.errors import PyvmmError
-from pyvmm.netns import NetNamespace, can_create_namespaces
 from pyvmm.vmm import Vmm
+from testkit.netns import NetNamespace, can_create_namespaces
 
 pytestmark = [
     pytest.mark.kvm,

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from conftest import ROOT, engine_env, guest
-from pyvmm.netns import NetNamespace, can_create_namespaces
+from testkit.netns import NetNamespace, can_create_namespaces
 
 pytestmark = [
     pytest.mark.kvm,

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import pytest
 
 from conftest import ROOT, guest
-from pyvmm.netns import NetNamespace, can_create_namespaces
+from testkit.netns import NetNamespace, can_create_namespaces
 
 pytestmark = [
     pytest.mark.kvm,
@@ -116,7 +116,7 @@ def test_flood_is_received_intact(mode):
             [
                 sys.executable,
                 "-m",
-                "pyvmm.traffic",
+                "testkit.traffic",
                 GUEST_IP,
                 "5000",
                 "--count",
@@ -275,7 +275,7 @@ def test_hostile_guest_cannot_hurt_the_host(name, mode):
             [
                 sys.executable,
                 "-m",
-                "pyvmm.traffic",
+                "testkit.traffic",
                 GUEST_IP,
                 "5000",
                 "--seconds",

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import ROOT, guest
-from pyvmm.netns import NetNamespace, can_create_namespaces
+from testkit.netns import NetNamespace, can_create_namespaces
 
 pytestmark = [
     pytest.mark.kvm,

@@ -1,7 +1,7 @@
 """TapBackend against real taps, each test in its own network namespace.
 
 Every interface and frame here lives in a namespace the test creates and
-removes (tests/netns.py); nothing is created in, or sent to, the host's
+removes (testkit/netns.py); nothing is created in, or sent to, the host's
 namespace.
 """
 
@@ -32,7 +32,7 @@ from pyvmm.devices.net.tap import (
     random_mac,
 )
 from pyvmm.errors import DeviceError
-from pyvmm.netns import NetNamespace, can_create_namespaces
+from testkit.netns import NetNamespace, can_create_namespaces
 
 ROOT = Path(__file__).resolve().parents[1]
 ETH_P_ALL = 0x0003

@@ -33,9 +33,10 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from pyvmm._native import ffi, lib
+from testkit.native import lib as kit
 
 MASK = 0xFFFFFFFF
-BAD = lib.SHM_TEST_BAD
+BAD = kit.SHM_TEST_BAD
 SLOT_DATA = lib.SHM_SLOT_DATA
 SLOT_SIZE = lib.SHM_SLOT_SIZE
 BATCH = lib.IO_BATCH
@@ -93,7 +94,7 @@ class Rig:
         backend_fd: int | None = None,
     ) -> None:
         self.slots = slots
-        self.ring_size = int(lib.shm_test_ring_size(slots))
+        self.ring_size = int(kit.shm_test_ring_size(slots))
         total = 3 * GUARD + 2 * self.ring_size
         self._raw = ffi.new("uint8_t[]", total + 64)
         align = -int(ffi.cast("uintptr_t", self._raw)) % 64
@@ -187,10 +188,10 @@ class Rig:
         return ok
 
     def rx_slot(self, index: int) -> object:
-        return ffi.cast("struct shm_slot *", lib.shm_test_slot(self.rx, index & MASK, self.slots))
+        return ffi.cast("struct shm_slot *", kit.shm_test_slot(self.rx, index & MASK, self.slots))
 
     def tx_slot(self, index: int) -> object:
-        return ffi.cast("struct shm_slot *", lib.shm_test_slot(self.tx, index & MASK, self.slots))
+        return ffi.cast("struct shm_slot *", kit.shm_test_slot(self.tx, index & MASK, self.slots))
 
     # -- the backend (tap) side -------------------------------------------------
 
@@ -209,7 +210,7 @@ class Rig:
     # -- the guest side ---------------------------------------------------------
 
     def guest_receive(self, limit: int | None = None) -> list[bytes]:
-        avail = lib.shm_test_cons_avail(self.rx, self.rx_cons, self.slots)
+        avail = kit.shm_test_cons_avail(self.rx, self.rx_cons, self.slots)
         assert avail != BAD, "the host published an impossible RX index"
         if limit is not None:
             avail = min(avail, limit)
@@ -220,12 +221,12 @@ class Rig:
             out.append(ffi.buffer(slot.data, slot.len)[:])
             self.rx_cons = (self.rx_cons + 1) & MASK
         if out:
-            lib.shm_test_cons_release(self.rx, self.rx_cons)
+            kit.shm_test_cons_release(self.rx, self.rx_cons)
         return out
 
     def guest_send(self, frames: list[bytes], *, kick: bool = True) -> int:
         """Write as many frames as fit, publish once, kick if the host sleeps."""
-        space = lib.shm_test_prod_space(self.tx, self.tx_prod, self.slots)
+        space = kit.shm_test_prod_space(self.tx, self.tx_prod, self.slots)
         assert space != BAD, "the host released an impossible TX index"
         sent = frames[:space]
         for f in sent:
@@ -234,8 +235,8 @@ class Rig:
             slot.len = len(f)
             self.tx_prod = (self.tx_prod + 1) & MASK
         if sent:
-            lib.shm_test_prod_publish(self.tx, self.tx_prod)
-            if kick and lib.shm_test_prod_needs_notify(self.tx) and self.kick >= 0:
+            kit.shm_test_prod_publish(self.tx, self.tx_prod)
+            if kick and kit.shm_test_prod_needs_notify(self.tx) and self.kick >= 0:
                 os.eventfd_write(self.kick, 1)
                 self.guest_kicks += 1
         return len(sent)
@@ -360,7 +361,7 @@ def test_rx_pass_that_only_drops_neither_notifies_nor_counts_a_batch(rigs):
     rig = rigs(slots=2)
     rig.backend_send([frame(i, 10) for i in range(2)])
     rig.service_until_idle()
-    assert lib.shm_test_cons_prepare_sleep(rig.rx, rig.rx_cons, rig.slots) == 0  # frames wait
+    assert kit.shm_test_cons_prepare_sleep(rig.rx, rig.rx_cons, rig.slots) == 0  # frames wait
     rig.rx.cons_sleeping = 1  # a guest that sleeps anyway
     before = rig.count()
     rig.backend_send([frame(i, 10) for i in range(5)])
@@ -404,7 +405,7 @@ def test_tx_slots_with_bad_length_are_dropped_counted_and_skipped(rigs):
         slot.len = len(good[k + 1])
         index = (index + 1) & MASK
     rig.tx_prod = index
-    lib.shm_test_prod_publish(rig.tx, index)
+    kit.shm_test_prod_publish(rig.tx, index)
 
     rig.service_until_idle()
     assert rig.backend_receive() == good
@@ -446,13 +447,13 @@ def test_host_resumes_from_the_indices_found_in_the_ring(rigs):
 
 def test_rx_batch_for_a_sleeping_guest_counts_notify_sent_and_signals_wake_fd(rigs):
     rig = rigs(slots=16)
-    assert lib.shm_test_cons_prepare_sleep(rig.rx, rig.rx_cons, rig.slots) == 1
+    assert kit.shm_test_cons_prepare_sleep(rig.rx, rig.rx_cons, rig.slots) == 1
     rig.backend_send([frame(i, 64) for i in range(3)])
     assert lib.io_service(rig.io) == 3
     c = rig.count()
     assert c["notify_sent"] == 1 and c["notify_suppressed"] == 0
     assert eventfd_count(rig.wake) == 1
-    lib.shm_test_cons_awake(rig.rx)
+    kit.shm_test_cons_awake(rig.rx)
     assert len(rig.guest_receive()) == 3
 
 
@@ -467,7 +468,7 @@ def test_rx_batch_for_an_awake_guest_is_suppressed_and_wake_fd_stays_quiet(rigs)
 
 def test_a_guest_sleeping_through_many_batches_is_woken_once_per_arming(rigs):
     rig = rigs(slots=256)
-    assert lib.shm_test_cons_prepare_sleep(rig.rx, rig.rx_cons, rig.slots) == 1
+    assert kit.shm_test_cons_prepare_sleep(rig.rx, rig.rx_cons, rig.slots) == 1
     rig.backend_send([frame(i, 32) for i in range(3 * BATCH)])
     rig.service_until_idle()
     c = rig.count()
@@ -481,7 +482,7 @@ def test_a_guest_sleeping_through_many_batches_is_woken_once_per_arming(rigs):
     assert c["notify_sent"] == 2 and c["notify_suppressed"] == 2
     assert eventfd_count(rig.wake) == 1
     # Awake and armed: the next batches are suppressed, the arming kept.
-    lib.shm_test_cons_awake(rig.rx)
+    kit.shm_test_cons_awake(rig.rx)
     lib.io_arm_wake(rig.io)
     assert len(rig.guest_receive()) == 4 * BATCH
     rig.backend_send([frame(i, 32) for i in range(BATCH + 1)])
@@ -491,7 +492,7 @@ def test_a_guest_sleeping_through_many_batches_is_woken_once_per_arming(rigs):
     assert eventfd_count(rig.wake) == 0
     # Asleep again: the arming the awake batches left unused wakes it.
     assert len(rig.guest_receive()) == BATCH + 1
-    assert lib.shm_test_cons_prepare_sleep(rig.rx, rig.rx_cons, rig.slots) == 1
+    assert kit.shm_test_cons_prepare_sleep(rig.rx, rig.rx_cons, rig.slots) == 1
     rig.backend_send([frame(0, 32)])
     rig.service_until_idle()
     assert rig.count()["notify_sent"] == 3
@@ -691,12 +692,12 @@ def test_hostile_guest_never_crashes_the_host_or_makes_it_write_outside_its_fiel
             elif kind == "guest_rx":
                 # An honest guest acting on whatever the ring says now.
                 cons = int(rig.rx.cons)
-                avail = lib.shm_test_cons_avail(rig.rx, cons, slots)
+                avail = kit.shm_test_cons_avail(rig.rx, cons, slots)
                 if avail != BAD:
-                    lib.shm_test_cons_release(rig.rx, (cons + min(avail, step[1])) & MASK)
+                    kit.shm_test_cons_release(rig.rx, (cons + min(avail, step[1])) & MASK)
             elif kind == "guest_tx":
                 prod = int(rig.tx.prod)
-                space = lib.shm_test_prod_space(rig.tx, prod, slots)
+                space = kit.shm_test_prod_space(rig.tx, prod, slots)
                 if space != BAD:
                     for n in step[1][:space]:
                         slot = rig.tx_slot(prod)
@@ -705,7 +706,7 @@ def test_hostile_guest_never_crashes_the_host_or_makes_it_write_outside_its_fiel
                         ffi.memmove(slot.data, f, n)
                         slot.len = n
                         prod = (prod + 1) & MASK
-                    lib.shm_test_prod_publish(rig.tx, prod)
+                    kit.shm_test_prod_publish(rig.tx, prod)
             elif kind == "passes":
                 passes = step[1]
             elif kind == "arm":
@@ -801,14 +802,14 @@ def run_traffic(rig: Rig, n_rx: int, n_tx: int, window: int, timeout: float) -> 
             continue
         lib.io_arm_wake(rig.io)
         wakes += eventfd_count(rig.wake)
-        if lib.shm_test_cons_prepare_sleep(rig.rx, rig.rx_cons, rig.slots):
+        if kit.shm_test_cons_prepare_sleep(rig.rx, rig.rx_cons, rig.slots):
             sleeps += 1
             ready, _, _ = select.select([rig.wake, rig.peer], [], [], 0.5)
-            if not ready and lib.shm_test_cons_avail(rig.rx, rig.rx_cons, rig.slots) > 0:
+            if not ready and kit.shm_test_cons_avail(rig.rx, rig.rx_cons, rig.slots) > 0:
                 ready, _, _ = select.select([rig.wake], [], [], 1.0)
                 lost += not ready
             wakes += eventfd_count(rig.wake)
-            lib.shm_test_cons_awake(rig.rx)
+            kit.shm_test_cons_awake(rig.rx)
         wakes += eventfd_count(rig.wake)
     return {"guest_sleeps": sleeps, "lost_wakeups": lost, "wakes": wakes}
 
@@ -898,11 +899,11 @@ def test_rx_wakes_a_sleeping_event_thread_and_the_thread_wakes_a_sleeping_guest(
     rig = rigs(slots=8, mode=lib.IO_MODE_EVENT)
     rig.start()
     time.sleep(0.02)  # let the thread go to sleep in epoll
-    assert lib.shm_test_cons_prepare_sleep(rig.rx, rig.rx_cons, rig.slots) == 1
+    assert kit.shm_test_cons_prepare_sleep(rig.rx, rig.rx_cons, rig.slots) == 1
     rig.backend_send([frame(7, 700)])
     ready, _, _ = select.select([rig.wake], [], [], 5.0)
     assert ready, "no wake-up for a sleeping guest"
-    lib.shm_test_cons_awake(rig.rx)
+    kit.shm_test_cons_awake(rig.rx)
     assert rig.guest_receive() == [frame(7, 700)]
 
 
@@ -1058,9 +1059,9 @@ def test_add_port_rejects_a_bad_fd(rigs):
 def test_add_port_refuses_more_than_max_devices_and_after_start():
     io = lib.io_create(lib.IO_MODE_EVENT, 0, -1, -1, -1)
     assert io != ffi.NULL
-    rings = ffi.new("uint8_t[]", 2 * lib.shm_test_ring_size(1))
+    rings = ffi.new("uint8_t[]", 2 * kit.shm_test_ring_size(1))
     rx = rings
-    tx = ffi.cast("uint8_t *", rings) + lib.shm_test_ring_size(1)
+    tx = ffi.cast("uint8_t *", rings) + kit.shm_test_ring_size(1)
     pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(18)]
     for a, _ in pairs:
         a.setblocking(False)  # as a tap is: the thread must never block in read

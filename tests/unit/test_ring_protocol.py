@@ -28,9 +28,10 @@ from hypothesis.stateful import (
 )
 
 from pyvmm._native import ffi, lib
+from testkit.native import lib as kit
 
 MASK = 0xFFFFFFFF
-BAD = lib.SHM_TEST_BAD
+BAD = kit.SHM_TEST_BAD
 SLOT_DATA = lib.SHM_SLOT_DATA
 SLOT_COUNTS = [1, 2, 4, 8, 16, 32, 64]
 
@@ -52,7 +53,7 @@ def new_ring(slots: int, start: int) -> tuple[object, object]:
     it uses the ring (binding it to ``_`` and then looping with ``for _``
     freed it mid-test once).
     """
-    buf = ffi.new("uint8_t[]", lib.shm_test_ring_size(slots))
+    buf = ffi.new("uint8_t[]", kit.shm_test_ring_size(slots))
     ring = ffi.cast("struct shm_ring *", buf)
     ring.prod = start
     ring.cons = start
@@ -62,7 +63,7 @@ def new_ring(slots: int, start: int) -> tuple[object, object]:
 
 
 def slot_at(ring: object, index: int, slots: int) -> object:
-    return ffi.cast("struct shm_slot *", lib.shm_test_slot(ring, index & MASK, slots))
+    return ffi.cast("struct shm_slot *", kit.shm_test_slot(ring, index & MASK, slots))
 
 
 def write_slot(ring: object, index: int, slots: int, data: bytes) -> None:
@@ -99,14 +100,14 @@ def test_shm_slot_is_the_size_the_layout_promises():
     assert ffi.offsetof("struct shm_ring", "slots") == 2 * lib.SHM_CACHE_LINE
     assert ffi.offsetof("struct shm_ring", "slot") == 3 * lib.SHM_CACHE_LINE
     for slots in SLOT_COUNTS:
-        assert lib.shm_test_ring_size(slots) == 3 * lib.SHM_CACHE_LINE + slots * 2048
+        assert kit.shm_test_ring_size(slots) == 3 * lib.SHM_CACHE_LINE + slots * 2048
 
 
 def test_slot_index_wraps_modulo_the_ring():
     mem, ring = new_ring(8, 0)
     base = int(ffi.cast("uintptr_t", ring.slot))
     for index in (0, 7, 8, 15, MASK, MASK - 7, 2**31 + 3):
-        addr = int(ffi.cast("uintptr_t", lib.shm_test_slot(ring, index, 8)))
+        addr = int(ffi.cast("uintptr_t", kit.shm_test_slot(ring, index, 8)))
         assert addr == base + (index % 8) * lib.SHM_SLOT_SIZE
 
 
@@ -134,12 +135,12 @@ class RingModel(RuleBasedStateMachine):
     # helpers ---------------------------------------------------------------
 
     def space(self) -> int:
-        space = lib.shm_test_prod_space(self.ring, self.prod, self.slots)
+        space = kit.shm_test_prod_space(self.ring, self.prod, self.slots)
         assert space == self.slots - dist(self.prod, self.released)
         return space
 
     def avail(self) -> int:
-        avail = lib.shm_test_cons_avail(self.ring, self.cons, self.slots)
+        avail = kit.shm_test_cons_avail(self.ring, self.cons, self.slots)
         assert avail == dist(self.published, self.cons)
         return avail
 
@@ -168,14 +169,14 @@ class RingModel(RuleBasedStateMachine):
 
     @rule()
     def publish(self) -> None:
-        lib.shm_test_prod_publish(self.ring, self.prod)
+        kit.shm_test_prod_publish(self.ring, self.prod)
         self.published = self.prod
 
     @rule(batch=st.lists(lengths, min_size=1, max_size=80))
     def produce_batch(self, batch: list[int]) -> None:
         for length in batch[: self.space()]:
             self.produce(length)
-        lib.shm_test_prod_publish(self.ring, self.prod)
+        kit.shm_test_prod_publish(self.ring, self.prod)
         self.published = self.prod
 
     # consumer ----------------------------------------------------------------
@@ -188,7 +189,7 @@ class RingModel(RuleBasedStateMachine):
 
     @rule()
     def release(self) -> None:
-        lib.shm_test_cons_release(self.ring, self.cons)
+        kit.shm_test_cons_release(self.ring, self.cons)
         for index in list(self.written):
             if 0 < dist(self.cons, index) <= self.slots:
                 del self.written[index]
@@ -236,22 +237,22 @@ def test_fifo_survives_the_uint32_wrap(slots: int):
     prod = cons = start
     seq = expected = 0
     for round_ in range(8):
-        space = lib.shm_test_prod_space(ring, prod, slots)
+        space = kit.shm_test_prod_space(ring, prod, slots)
         assert space == slots
         for _ in range(space):
             write_slot(ring, prod, slots, frame(seq, 1 + (seq * 37) % SLOT_DATA))
             seq += 1
             prod = (prod + 1) & MASK
-        lib.shm_test_prod_publish(ring, prod)
-        assert lib.shm_test_prod_space(ring, prod, slots) == 0
-        avail = lib.shm_test_cons_avail(ring, cons, slots)
+        kit.shm_test_prod_publish(ring, prod)
+        assert kit.shm_test_prod_space(ring, prod, slots) == 0
+        avail = kit.shm_test_cons_avail(ring, cons, slots)
         assert avail == slots, round_
         for _ in range(avail):
             assert read_slot(ring, cons, slots) == frame(expected, 1 + (expected * 37) % SLOT_DATA)
             expected += 1
             cons = (cons + 1) & MASK
-        lib.shm_test_cons_release(ring, cons)
-        assert lib.shm_test_cons_avail(ring, cons, slots) == 0
+        kit.shm_test_cons_release(ring, cons)
+        assert kit.shm_test_cons_avail(ring, cons, slots) == 0
     assert prod < start, "the indices never wrapped"
 
 
@@ -279,26 +280,26 @@ class SleepHandshake(RuleBasedStateMachine):
         self.notifications = 0
 
     def avail(self) -> int:
-        return lib.shm_test_cons_avail(self.ring, self.cons, self.slots)
+        return kit.shm_test_cons_avail(self.ring, self.cons, self.slots)
 
     # producer ----------------------------------------------------------------
 
     @precondition(lambda self: not self.must_check)
     @rule(n=st.integers(1, 4))
     def publish(self, n: int) -> None:
-        space = lib.shm_test_prod_space(self.ring, self.prod, self.slots)
+        space = kit.shm_test_prod_space(self.ring, self.prod, self.slots)
         if space == 0:
             return
         for _ in range(min(n, space)):
             write_slot(self.ring, self.prod, self.slots, b"x")
             self.prod = (self.prod + 1) & MASK
-        lib.shm_test_prod_publish(self.ring, self.prod)
+        kit.shm_test_prod_publish(self.ring, self.prod)
         self.must_check = True
 
     @precondition(lambda self: self.must_check)
     @rule()
     def needs_notify(self) -> None:
-        notify = lib.shm_test_prod_needs_notify(self.ring)
+        notify = kit.shm_test_prod_needs_notify(self.ring)
         # No lost wake-up: a consumer that announced sleep (before or after
         # the publish) is notified; an awake one is left alone.
         assert bool(notify) == self.asleep
@@ -315,13 +316,13 @@ class SleepHandshake(RuleBasedStateMachine):
         avail = self.avail()
         assert avail != BAD
         self.cons = (self.cons + avail) & MASK
-        lib.shm_test_cons_release(self.ring, self.cons)
+        kit.shm_test_cons_release(self.ring, self.cons)
 
     @precondition(lambda self: not self.asleep)
     @rule()
     def prepare_sleep(self) -> None:
         waiting = self.avail()
-        went = lib.shm_test_cons_prepare_sleep(self.ring, self.cons, self.slots)
+        went = kit.shm_test_cons_prepare_sleep(self.ring, self.cons, self.slots)
         assert went in (0, 1)
         # It sleeps exactly when nothing is waiting, and the flag says so.
         assert went == (waiting == 0)
@@ -334,19 +335,19 @@ class SleepHandshake(RuleBasedStateMachine):
     @precondition(lambda self: self.asleep and self.notified)
     @rule()
     def wake_on_notification(self) -> None:
-        lib.shm_test_cons_awake(self.ring)
+        kit.shm_test_cons_awake(self.ring)
         self.asleep = False
 
     @precondition(lambda self: self.asleep)
     @rule()
     def wake_spuriously(self) -> None:
-        lib.shm_test_cons_awake(self.ring)
+        kit.shm_test_cons_awake(self.ring)
         self.asleep = False
 
     @precondition(lambda self: not self.asleep)
     @rule()
     def awake_while_awake_is_harmless(self) -> None:
-        lib.shm_test_cons_awake(self.ring)
+        kit.shm_test_cons_awake(self.ring)
         assert self.ring.cons_sleeping == 0
 
     # invariants --------------------------------------------------------------
@@ -394,35 +395,35 @@ def test_every_interleaving_of_sleep_and_publish_wakes_or_sees_the_frame(
     for _ in range(waiting):
         write_slot(ring, prod, slots, b"old")
         prod = (prod + 1) & MASK
-    lib.shm_test_prod_publish(ring, prod)
+    kit.shm_test_prod_publish(ring, prod)
     slept = notified = None
     for step in order:
         if step == "prepare_sleep":
-            slept = lib.shm_test_cons_prepare_sleep(ring, cons, slots)
+            slept = kit.shm_test_cons_prepare_sleep(ring, cons, slots)
         elif step == "write":
             write_slot(ring, prod, slots, b"new")
             prod = (prod + 1) & MASK
         elif step == "publish":
-            lib.shm_test_prod_publish(ring, prod)
+            kit.shm_test_prod_publish(ring, prod)
         else:
-            notified = lib.shm_test_prod_needs_notify(ring)
+            notified = kit.shm_test_prod_needs_notify(ring)
     if waiting:
         assert slept == 0, "slept with a frame waiting"
     if slept:
         assert notified, "consumer asleep, frame published, no notification"
     else:
-        assert lib.shm_test_cons_avail(ring, cons, slots) > 0
+        assert kit.shm_test_cons_avail(ring, cons, slots) > 0
         assert ring.cons_sleeping == 0
 
 
 def test_prepare_sleep_on_empty_ring_sets_the_flag_and_awake_clears_it():
     mem, ring = new_ring(8, MASK)
-    assert lib.shm_test_cons_prepare_sleep(ring, MASK, 8) == 1
+    assert kit.shm_test_cons_prepare_sleep(ring, MASK, 8) == 1
     assert ring.cons_sleeping == 1
-    assert lib.shm_test_prod_needs_notify(ring) == 1
-    lib.shm_test_cons_awake(ring)
+    assert kit.shm_test_prod_needs_notify(ring) == 1
+    kit.shm_test_cons_awake(ring)
     assert ring.cons_sleeping == 0
-    assert lib.shm_test_prod_needs_notify(ring) == 0
+    assert kit.shm_test_prod_needs_notify(ring) == 0
 
 
 @given(slots=st.sampled_from(SLOT_COUNTS), start=starts, data=st.data())
@@ -430,9 +431,9 @@ def test_prepare_sleep_on_empty_ring_sets_the_flag_and_awake_clears_it():
 def test_prepare_sleep_refuses_while_frames_wait(slots: int, start: int, data: st.DataObject):
     mem, ring = new_ring(slots, start)
     waiting = data.draw(st.integers(1, slots))
-    lib.shm_test_prod_publish(ring, (start + waiting) & MASK)
+    kit.shm_test_prod_publish(ring, (start + waiting) & MASK)
     ring.cons_sleeping = data.draw(st.sampled_from([0, 1]))
-    assert lib.shm_test_cons_prepare_sleep(ring, start, slots) == 0
+    assert kit.shm_test_cons_prepare_sleep(ring, start, slots) == 0
     assert ring.cons_sleeping == 0, "the sleep announcement was not withdrawn"
 
 
@@ -454,7 +455,7 @@ def test_hostile_consumer_index_yields_space_in_range_or_bad(
     mem, ring = new_ring(min(slots, 64), own)  # only the header is read
     peer = data.draw(_peer_values(slots, own))
     ring.cons = peer
-    space = lib.shm_test_prod_space(ring, own, slots)
+    space = kit.shm_test_prod_space(ring, own, slots)
     assert space == BAD or 0 <= space <= slots
     used = dist(own, peer)
     assert space == (BAD if used > slots else slots - used)
@@ -468,14 +469,14 @@ def test_hostile_producer_index_yields_avail_in_range_or_bad(
     mem, ring = new_ring(min(slots, 64), own)
     peer = data.draw(_peer_values(slots, own))
     ring.prod = peer
-    avail = lib.shm_test_cons_avail(ring, own, slots)
+    avail = kit.shm_test_cons_avail(ring, own, slots)
     assert avail == BAD or 0 <= avail <= slots
     ahead = dist(peer, own)
     assert avail == (BAD if ahead > slots else ahead)
     # A consumer about to sleep sleeps when there is nothing it may consume:
     # an empty ring, or an impossible producer index (a broken peer must not
     # make it spin); it stays awake only for frames it can actually read.
-    went = lib.shm_test_cons_prepare_sleep(ring, own, slots)
+    went = kit.shm_test_cons_prepare_sleep(ring, own, slots)
     assert went == (1 if avail in (0, BAD) else 0)
     assert ring.cons_sleeping == went
 
@@ -489,4 +490,4 @@ def test_hostile_producer_index_yields_avail_in_range_or_bad(
 def test_any_nonzero_sleep_flag_means_notify(slots: int, index: int, sleeping: int):
     mem, ring = new_ring(slots, index)
     ring.cons_sleeping = sleeping
-    assert lib.shm_test_prod_needs_notify(ring) == (1 if sleeping else 0)
+    assert kit.shm_test_prod_needs_notify(ring) == (1 if sleeping else 0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from pyvmm._native import ffi, lib
+from testkit.native import ffi, lib
 
 NEAR_WRAP = 2**32 - 1000
 TIMEOUT_MS = 15_000  # without any frame moving: a stuck ring, not a slow one

@@ -1,11 +1,11 @@
-"""UDP traffic for tests and benchmarks: ``python -m pyvmm.traffic``.
+"""UDP traffic for tests and benchmarks: ``python -m testkit.traffic``.
 
-The sender is C (csrc/traffic.c, sendmmsg in batches) because a Python
+The sender is C (testkit/csrc/traffic.c, sendmmsg in batches) because a Python
 loop cannot offer the guest more than a fraction of what one core can
-send. Run it only inside a network namespace you created (pyvmm.netns):
+send. Run it only inside a network namespace you created (testkit.netns):
 it sends to whatever address it is given.
 
-    python -m pyvmm.traffic DST_IP PORT [--count N] [--seconds S]
+    python -m testkit.traffic DST_IP PORT [--count N] [--seconds S]
         [--size BYTES] [--rate PPS] [--batch N]
 
 prints one JSON line: sent, refused, elapsed_s, pps.
@@ -18,7 +18,7 @@ import json
 import os
 import sys
 
-from pyvmm._native import ffi, lib
+from testkit.native import ffi, lib
 
 
 def send(
@@ -70,7 +70,7 @@ def main() -> int:
             batch=args.batch,
         )
     except OSError as err:
-        print(f"pyvmm.traffic: {err.strerror}", file=sys.stderr)
+        print(f"testkit.traffic: {err.strerror}", file=sys.stderr)
         return 1
     print(json.dumps(result))
     return 0

@@ -6,6 +6,8 @@ is removed on exit, also on failure and on Ctrl-C.  Namespaces, links and
 addresses are managed with pyroute2; processes enter the namespace with
 setns(2) between fork and exec.
 
+    from testkit.netns import NetNamespace
+
     with NetNamespace() as ns:
         ns.add_tap("tap100", address="10.0.0.1/24", mtu=1400)
         ns.run(["ping", "-c1", "10.0.0.2"])      # runs inside ns
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import ipaddress
 import os
 import signal
@@ -34,8 +37,9 @@ from typing import Any
 
 from pyroute2 import IPRoute, netns
 
-from pyvmm._native import lib
-
+# Processes started inside run from the repository root by default, so
+# ``python -m testkit.traffic`` and ``python -m pyvmm`` resolve there.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PREFIX = "pyvmm-test-"
 NETNS_DIR = "/var/run/netns"
 CLONE_NEWNET = 0x40000000
@@ -43,10 +47,14 @@ CLONE_NEWNET = 0x40000000
 TERM_GRACE = 2.0
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
 def _setns(fd: int) -> None:
-    """Move the calling thread into the network namespace open at ``fd``."""
-    code = -lib.pyvmm_setns(fd, CLONE_NEWNET)
-    if code:
+    """Move the calling thread into the network namespace open at ``fd``
+    (setns(2) through libc: the kit needs nothing from pyvmm for this)."""
+    if _libc.setns(fd, CLONE_NEWNET) < 0:
+        code = ctypes.get_errno()
         raise OSError(code, f"setns: {os.strerror(code)}")
 
 
@@ -227,6 +235,7 @@ class NetNamespace:
                 user_preexec()
 
         kwargs.setdefault("start_new_session", True)
+        kwargs.setdefault("cwd", ROOT)
         proc = subprocess.Popen(list(argv), preexec_fn=enter, **kwargs)
         self._procs.append(proc)
         return proc

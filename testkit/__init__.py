@@ -1,0 +1,16 @@
+"""The test and benchmark kit: everything the tests, bench/ and scripts/demo
+use that pyvmm itself does not ship.
+
+    testkit.native   the test-only cffi extension (testkit/csrc): the shared
+                     ring operations of csrc/shmstream_ring.h exported as
+                     functions, the two-thread ring stress, the UDP sender;
+                     built by scripts/setup (python3 -m testkit.build), and
+                     rebuilt on import when a source is newer than the build
+    testkit.netns    throw-away network namespaces with taps
+    testkit.traffic  the C UDP traffic generator (python -m testkit.traffic)
+    testkit.helpers  what several tests need: frame patterns, the stats-line
+                     parser, the ping invocation, ABI patching, constants
+
+Import it with the repository root on sys.path (pytest's configuration,
+bench/*.py and scripts/demo.py put it there).
+"""
