@@ -1,13 +1,20 @@
-"""Shared fixtures; and the rule that KVM tests may not skip where KVM exists.
+"""Shared fixtures, and the rules that keep a green run honest.
 
-Tests marked ``kvm`` skip only when /dev/kvm is absent. Where it is present,
-a run in which any of them skipped (or none ran at all) fails, so a broken
-fixture can never turn the integration suite into a silent pass.
+- ``kvm`` tests skip only where /dev/kvm is absent. Where it is present, a
+  run fails if any of them skipped, or if the run collected KVM tests and
+  none of them ran (``-m "not kvm"`` on a KVM host fails: run tests/unit
+  for the unit tests alone, docs/testing.md).
+- ``netns`` tests (their own network namespace with a tap) skip only where
+  the run is not root or lacks /dev/net/tun; where both are there, a
+  skipped one fails the run.
+- A skip whose reason says a tool is not installed fails the run:
+  scripts/setup installs every tool the suite needs.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,21 +22,45 @@ from pathlib import Path
 
 import pytest
 
+from testkit.netns import can_create_namespaces
+
 ROOT = Path(__file__).resolve().parent.parent
 GUESTS = ROOT / "guests" / "bin"
 HAVE_KVM = os.path.exists("/dev/kvm")
+HAVE_NETNS = can_create_namespaces()
+# How a skip names a missing tool: see need_tool().
+MISSING_TOOL = re.compile(r"\bis not installed\b")
 
+_kvm_collected: list[str] = []
 _kvm_skipped: list[str] = []
 _kvm_ran: list[str] = []
+_netns_skipped: list[str] = []
+_tool_skipped: list[str] = []
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.get_closest_marker("kvm") and not HAVE_KVM:
-            item.add_marker(pytest.mark.skip(reason="/dev/kvm is absent"))
+        if item.get_closest_marker("kvm"):
+            _kvm_collected.append(item.nodeid)
+            if not HAVE_KVM:
+                item.add_marker(pytest.mark.skip(reason="/dev/kvm is absent"))
+        if item.get_closest_marker("netns") and not HAVE_NETNS:
+            item.add_marker(pytest.mark.skip(reason="needs root and /dev/net/tun"))
+
+
+def pytest_deselected(items):
+    # -m / -k deselection: a KVM test deselected on a KVM host still counts
+    # as collected, so a run that leaves them all out fails.
+    _kvm_collected.extend(i.nodeid for i in items if i.get_closest_marker("kvm"))
 
 
 def pytest_runtest_logreport(report):
+    if report.skipped:
+        reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
+        if MISSING_TOOL.search(reason):
+            _tool_skipped.append(f"{report.nodeid}: {reason}")
+        if "netns" in report.keywords and HAVE_NETNS:
+            _netns_skipped.append(report.nodeid)
     if "kvm" not in report.keywords:
         return
     if report.skipped:
@@ -38,19 +69,28 @@ def pytest_runtest_logreport(report):
         _kvm_ran.append(report.nodeid)
 
 
+def _fail_run(session, what: str, nodeids: list[str]) -> None:
+    sys.stderr.write(f"\nFAIL: {what}:\n  " + "\n  ".join(nodeids) + "\n")
+    session.exitstatus = 1
+
+
 def pytest_sessionfinish(session, exitstatus):
-    if not HAVE_KVM or session.config.option.collectonly:
+    if session.config.option.collectonly:
         return
-    selected = [i for i in session.items if i.get_closest_marker("kvm")]
-    if not selected:
+    if _tool_skipped:
+        _fail_run(session, "tests skipped for a missing tool (scripts/setup has it)", _tool_skipped)
+    if _netns_skipped:
+        _fail_run(session, "root with /dev/net/tun, yet these netns tests skipped", _netns_skipped)
+    if not HAVE_KVM:
         return
     if _kvm_skipped:
-        sys.stderr.write(
-            "\nFAIL: /dev/kvm is present but these KVM tests skipped:\n  "
-            + "\n  ".join(_kvm_skipped)
-            + "\n"
+        _fail_run(session, "/dev/kvm is present but these KVM tests skipped", _kvm_skipped)
+    elif _kvm_collected and not _kvm_ran:
+        _fail_run(
+            session,
+            "/dev/kvm is present and KVM tests were collected, but none ran",
+            _kvm_collected[:5] + (["..."] if len(_kvm_collected) > 5 else []),
         )
-        session.exitstatus = 1
 
 
 def guest(name: str) -> Path:
@@ -88,5 +128,10 @@ def disk(tmp_path) -> Path:
     return path
 
 
-def have_tool(name: str) -> bool:
-    return shutil.which(name) is not None
+def need_tool(name: str) -> str:
+    """The path of a tool the test needs; a skip naming it if it is missing,
+    which fails the run (pytest_sessionfinish): scripts/setup installs it."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed")
+    return path

@@ -3,37 +3,27 @@ removes: a tap in it, pyvmm running in it, the sender in it."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
 
-from conftest import ROOT, engine_env, guest
-from testkit.netns import NetNamespace, can_create_namespaces
+from conftest import engine_env, guest
+from testkit import helpers
+from testkit.netns import NetNamespace
 
-pytestmark = [
-    pytest.mark.kvm,
-    pytest.mark.skipif(not can_create_namespaces(), reason="needs root and /dev/net/tun"),
-]
+pytestmark = [pytest.mark.kvm, pytest.mark.netns]
 
 GUEST_IP = "10.0.0.2"
 
 
 def start_guest(ns: NetNamespace, *args: str, **kwargs) -> tuple[subprocess.Popen, str]:
     """pyvmm in the namespace, once the guest listens."""
-    return ns.start_pyvmm(*args, cwd=ROOT, **kwargs)
+    return ns.start_pyvmm(*args, **kwargs)
 
 
 def ping(ns: NetNamespace, count: int) -> subprocess.CompletedProcess:
-    """Ping the guest from inside the namespace; asserts every reply came."""
-    result = ns.run(
-        ["ping", "-c", str(count), "-i", "0.2", "-W", "5", GUEST_IP],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"{count} received" in result.stdout
-    return result
+    return helpers.ping(ns, GUEST_IP, count)
 
 
 @pytest.mark.parametrize("engine", ["c", "python"])
@@ -44,12 +34,29 @@ def test_guest_answers_ping_over_tap(engine):
     with NetNamespace() as ns:
         ns.add_tap("tap100", address="10.0.0.1/24")
         vm, head = start_guest(
-            ns, "--shm=off", "--net:service0=tap100", guest("ping"), GUEST_IP, "3", env=env
+            ns,
+            "--stats",
+            "--shm=off",
+            "--net:service0=tap100",
+            guest("ping"),
+            GUEST_IP,
+            "3",
+            env=env,
         )
         ping(ns, 3)
         out, err = vm.communicate(timeout=60)
         assert vm.returncode == 0, out + err
         assert "SUCCESS" in out
+    # Which engine answered: every hypercall Python answers is a port-I/O
+    # exit that reached pyvmm; the C fast path answers them inside KVM_RUN.
+    stats = helpers.parse_stats(err)
+    io_exits = stats["exits_to_pyvmm"].get("IoOut", 0)
+    if engine == "python":
+        assert "hypercalls_in_c" not in stats
+        assert io_exits >= 6, stats  # at least 3 requests read, 3 replies written
+    else:
+        in_c = stats["hypercalls_in_c"]
+        assert in_c["net_reads"] >= 3 and in_c["net_writes"] >= 3, in_c
 
 
 def test_short_net_option_and_guest_sees_real_mtu():
@@ -91,14 +98,35 @@ def test_tap_passed_as_open_file_descriptor():
         assert vm.returncode == 0, head + out + err
 
 
+def test_default_mac_is_random_locally_administered_unicast():
+    """Without --net-mac the guest gets a random MAC: unicast, locally
+    administered, different on each run; and it is the MAC the guest uses on
+    the wire (the namespace's neighbour table learnt it from the replies)."""
+    macs = []
+    with NetNamespace() as ns:
+        ns.add_tap("tap100", address="10.0.0.1/24")
+        for _ in range(2):
+            vm, head = start_guest(ns, "--net=tap100", guest("ping"), GUEST_IP, "2")
+            ping(ns, 1)
+            # While the guest runs (the tap's neighbours go with its carrier).
+            neigh = ns.run(["ip", "neigh", "show", GUEST_IP], capture_output=True, text=True)
+            ping(ns, 1)
+            out, err = vm.communicate(timeout=60)
+            assert vm.returncode == 0, head + out + err
+            mac = re.search(r"^MAC: ([0-9a-f:]{17})$", head + out, re.M).group(1)
+            assert f"lladdr {mac} " in neigh.stdout, (mac, neigh.stdout)
+            macs.append(mac)
+    for mac in macs:
+        first = int(mac[:2], 16)
+        assert first & 0x01 == 0, f"{mac} is a multicast address"
+        assert first & 0x02 == 0x02, f"{mac} is not locally administered"
+    assert macs[0] != macs[1], "two runs got the same 'random' MAC"
+
+
 def test_legacy_abi_guest_answers_ping_over_hypercalls(tmp_path):
     """An ABI version 1 unikernel (Solo5 0.9 and older) under --legacy-abi:
     no ring offered, frames go through the net hypercalls."""
-    blob = bytearray(guest("ping").read_bytes())
-    desc = blob.index((0x31494241).to_bytes(4, "little")) + 4 + 8  # ABI1 note descriptor
-    blob[desc + 4 : desc + 8] = (1).to_bytes(4, "little")  # abi_version
-    path = tmp_path / "ping-abi1.hvt"
-    path.write_bytes(bytes(blob))
+    path = helpers.with_abi_version(guest("ping"), tmp_path / "ping-abi1.hvt", 1)
     with NetNamespace() as ns:
         ns.add_tap("tap100", address="10.0.0.1/24")
         vm, head = start_guest(ns, "--legacy-abi", "--net=tap100", str(path), GUEST_IP, "2")
@@ -129,7 +157,7 @@ def test_bad_per_frame_hypercalls_get_the_same_answer_from_c_and_python(case, en
     with NetNamespace() as ns:
         ns.add_tap("tap100", address="10.0.0.1/24")
         result = ns.run_pyvmm(
-            "--shm=off", "--net=tap100", guest("badcall"), case, cwd=ROOT, env=engine_env(engine)
+            "--shm=off", "--net=tap100", guest("badcall"), case, env=engine_env(engine)
         )
     status, words = BAD_CALLS[case]
     assert result.returncode == status, result.stdout + result.stderr

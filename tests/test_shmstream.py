@@ -13,13 +13,11 @@ from contextlib import contextmanager
 
 import pytest
 
-from conftest import ROOT, guest
-from testkit.netns import NetNamespace, can_create_namespaces
+from conftest import guest
+from testkit import helpers
+from testkit.netns import NetNamespace
 
-pytestmark = [
-    pytest.mark.kvm,
-    pytest.mark.skipif(not can_create_namespaces(), reason="needs root and /dev/net/tun"),
-]
+pytestmark = [pytest.mark.kvm, pytest.mark.netns]
 
 MODES = ["off", "poll", "event", "hybrid"]
 GUEST_IP, GUEST_MAC = "10.0.0.2", "02:00:00:00:00:02"
@@ -36,7 +34,6 @@ class Guest:
             f"--net-mac:service0={GUEST_MAC}",
             guest(name),
             *args,
-            cwd=ROOT,
         )
         expected = "hypercall" if mode == "off" else "shmstream"
         assert f"path: {expected}" in self.head
@@ -46,13 +43,16 @@ class Guest:
         out = self.head + out
         assert self.proc.returncode == 0, out + err
         assert "SUCCESS" in out
-        stats = json.loads(err.split("pyvmm-stats: ", 1)[1])
-        return out, dict(re.findall(r"^(\w+): (\S+)$", out, re.M)), stats
+        return out, helpers.guest_report(out), helpers.parse_stats(err)
 
 
 @contextmanager
 def namespace() -> Iterator[NetNamespace]:
+    """A namespace with tap100; no IPv6 in it, so the only frames on the
+    tap are the test's (exact frame counts)."""
     with NetNamespace() as ns:
+        ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")
+        ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
         ns.add_tap("tap100", address="10.0.0.1/24")
         yield ns
 
@@ -61,13 +61,7 @@ def namespace() -> Iterator[NetNamespace]:
 def test_ping(mode):
     with namespace() as ns:
         vm = Guest(ns, mode, "ping", GUEST_IP, "5")
-        ping = ns.run(
-            ["ping", "-c", "5", "-i", "0.2", "-W", "5", GUEST_IP],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert "5 received" in ping.stdout, ping.stdout + ping.stderr
+        helpers.ping(ns, GUEST_IP, 5)
         _, _, stats = vm.finish()
         if mode != "off":
             dev = stats["shmstream"]["devices"]["service0"]
@@ -132,21 +126,61 @@ def test_flood_is_received_intact(mode):
         )
         assert json.loads(sent.stdout)["sent"] == count, sent.stdout + sent.stderr
         _, lines, stats = vm.finish()
+        # The kernel's own count of frames the tap handed to pyvmm (the tap
+        # transmits towards its reader), read over netlink in the namespace.
+        tap = ns.link("tap100")["stats"]
     frames = int(lines["frames"])
     assert int(lines["pattern_errors"]) == 0
     assert int(lines["out_of_order"]) == 0
     assert int(lines["bytes"]) == frames * 1300
+    # Loss is allowed (the tap's queue or a full ring may drop under load),
+    # but only a little at these rates.
     assert frames >= count * 0.9, lines
+    # Every frame that left the tap's queue was pyvmm's to read: the tap
+    # dropped the others itself.
+    assert tap["tx_packets"] + tap["tx_dropped"] == count, tap
     if mode == "off":
         # Every frame came through net_read, answered by the C fast path.
         assert stats["hypercalls_in_c"]["net_reads"] >= frames
+        assert tap["tx_packets"] == frames, (tap, lines)
     else:
         dev = stats["shmstream"]["devices"]["service0"]
-        # Everything the IO thread put in the ring reached the guest's
-        # counter, or was dropped and counted (nothing else on this tap).
-        assert dev["rx_frames"] >= frames
-        assert dev["rx_frames"] + dev["rx_drops_full"] <= count + 50  # + ARP/IPv6 noise
+        # Exactly: each frame pyvmm read went into the ring or was dropped
+        # and counted; each one in the ring reached the guest's counter
+        # (no IPv6, a static neighbour entry: nothing else on this tap).
+        assert dev["rx_frames"] + dev["rx_drops_full"] == tap["tx_packets"], (dev, tap)
+        assert dev["rx_frames"] == frames, (dev, lines)
         assert dev["rx_bad_index"] == 0 and dev["tx_bad_index"] == 0
+        if mode == "poll":
+            # A polling host never sleeps, so the guest never has to kick it.
+            assert lines["kicks"] == "0" and stats["shmstream"]["thread"]["kicks"] == 0
+
+
+@pytest.mark.parametrize("mode", ["poll", "event", "hybrid"])
+def test_a_received_frame_costs_no_exit_in_steady_state(mode):
+    """The headline claim (README, bench/RESULTS.md): in the shm modes a
+    flood costs a few VM exits per 1000 received frames (measured 4-5 there,
+    11-14 here including boot and the idle end, by KVM's own exit counter),
+    against one per frame on the hypercall path. The bound, 50 per 1000,
+    is loose enough for a loaded machine and far below one per frame."""
+    count = 30000
+    with namespace() as ns:
+        ns.run(
+            ["ip", "neigh", "replace", GUEST_IP, "lladdr", GUEST_MAC, "dev", "tap100"], check=True
+        )
+        vm = Guest(ns, mode, "udpsink", GUEST_IP, "5000", "0", "1000")
+        sent = ns.run(
+            [sys.executable, "-m", "testkit.traffic", GUEST_IP, "5000", "--count", str(count)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert json.loads(sent.stdout)["sent"] == count, sent.stdout + sent.stderr
+        _, lines, stats = vm.finish()
+    frames = int(lines["frames"])
+    assert frames >= 1000, lines  # enough received to mean something
+    exits = stats["kvm"]["exits"]
+    assert exits * 1000 < 50 * frames, f"{exits} VM exits for {frames} frames"
 
 
 @pytest.mark.parametrize("mode", ["poll", "event", "hybrid"])
@@ -161,19 +195,12 @@ def test_solo5_ring_guest_answers_ping(mode):
             guest("s5ring"),
             GUEST_IP,
             "5",
-            cwd=ROOT,
         )
         assert "ring: solo5" in head, head + vm.stderr.read()
-        ping = ns.run(
-            ["ping", "-c", "5", "-i", "0.2", "-W", "5", GUEST_IP],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        helpers.ping(ns, GUEST_IP, 5)
         out, err = vm.communicate(timeout=60)
-    assert "5 received" in ping.stdout, ping.stdout
     assert vm.returncode == 0 and "SUCCESS" in out, out + err
-    ring = json.loads(err.split("pyvmm-stats: ", 1)[1])["solo5_ring"]
+    ring = helpers.parse_stats(err)["solo5_ring"]
     assert ring["mode"] == mode
     assert ring["ring"]["writes"] >= 5 and ring["ring"]["reads"] >= 5
     assert ring["ring"]["bad_entries"] == 0 and ring["ring"]["bad_index"] == 0
@@ -184,7 +211,7 @@ def test_solo5_ring_guest_answers_ping(mode):
 def test_no_net_ring_turns_solo5_ring_off():
     with namespace() as ns:
         result = ns.run_pyvmm(
-            "--no-net-ring", "--net:service0=tap100", guest("s5ring"), GUEST_IP, "1", cwd=ROOT
+            "--no-net-ring", "--net:service0=tap100", guest("s5ring"), GUEST_IP, "1"
         )
     assert result.returncode == 1
     assert "the host offers no Solo5 ring" in result.stdout
@@ -193,7 +220,7 @@ def test_no_net_ring_turns_solo5_ring_off():
 def test_explicit_mode_with_nothing_to_serve_is_an_error():
     with namespace() as ns:
         result = ns.run_pyvmm(
-            "--shm=poll", "--no-net-ring", "--net:service0=tap100", guest("s5ring"), cwd=ROOT
+            "--shm=poll", "--no-net-ring", "--net:service0=tap100", guest("s5ring")
         )
     assert result.returncode == 1
     assert result.stderr.strip().startswith("pyvmm: --shm=poll: nothing to serve")
@@ -269,7 +296,6 @@ def test_hostile_guest_cannot_hurt_the_host(name, mode):
             f"--net-mac:service0={GUEST_MAC}",
             guest(name),
             "20000",
-            cwd=ROOT,
         )
         flood = ns.popen(
             [
@@ -291,7 +317,7 @@ def test_hostile_guest_cannot_hurt_the_host(name, mode):
     assert vm.returncode == 0, out + err
     assert "survived 20000 rounds" in out and "SUCCESS" in out
     assert "Traceback" not in err
-    stats = json.loads(err.split("pyvmm-stats: ", 1)[1])
+    stats = helpers.parse_stats(err)
     if name == "hostile":
         service = stats["shmstream"]
         dev = service["devices"]["service0"]

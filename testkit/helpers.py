@@ -1,0 +1,102 @@
+"""What several tests need, written once: frame patterns, the --stats line
+parser, the ping invocation, patching a guest's ABI note, and values the
+command line refuses."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+from pathlib import Path
+from typing import Any
+
+# -- frames -------------------------------------------------------------------
+
+# A payload source: frame n is its number followed by a slice of this, so a
+# frame left over from another index never looks like the expected one.
+_PATTERN = bytes(i % 251 for i in range(2 * 2048 + 70000))
+
+
+def frame(seq: int, length: int) -> bytes:
+    """Frame number ``seq`` of ``length`` bytes: its number (8 bytes, little
+    endian), then a pattern that depends on it."""
+    head = seq.to_bytes(8, "little")
+    return (head + _PATTERN[seq % 251 : seq % 251 + length])[:length]
+
+
+def udp_payload(seq: int, size: int) -> bytes:
+    """The payload testkit.traffic sends and guests/udpsink checks: bytes
+    0-7 the little-endian sequence number, byte i >= 8 is (seq + i) & 0xff."""
+    return seq.to_bytes(8, "little") + bytes((seq + i) & 0xFF for i in range(8, size))
+
+
+# -- pyvmm's output -------------------------------------------------------------
+
+STATS_PREFIX = "pyvmm-stats: "
+
+
+def parse_stats(stderr: str) -> dict[str, Any]:
+    """The JSON counters ``pyvmm --stats`` printed on stderr (exactly one line)."""
+    lines = [line for line in stderr.splitlines() if line.startswith(STATS_PREFIX)]
+    assert len(lines) == 1, f"expected one {STATS_PREFIX!r} line in: {stderr!r}"
+    return json.loads(lines[0][len(STATS_PREFIX) :])
+
+
+def guest_report(stdout: str) -> dict[str, str]:
+    """The guest's ``key: value`` lines (values without spaces)."""
+    report = {}
+    for line in stdout.splitlines():
+        key, sep, value = line.partition(": ")
+        if sep and key.isidentifier() and value and " " not in value:
+            report[key] = value
+    return report
+
+
+# -- the network -----------------------------------------------------------------
+
+
+def ping(ns: Any, address: str, count: int, interval: float = 0.2) -> subprocess.CompletedProcess:
+    """Ping ``address`` from inside the namespace ``ns`` (a NetNamespace);
+    asserts every reply came."""
+    result = ns.run(
+        ["ping", "-c", str(count), "-i", str(interval), "-W", "5", address],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{count} received" in result.stdout, result.stdout
+    return result
+
+
+# -- unikernel files ---------------------------------------------------------------
+
+ABI1_NOTE_TYPE = 0x31494241  # "ABI1"
+MANIFEST_NOTE_TYPE = 0x3154464D  # "MFT1"
+
+
+def abi_version_offset(blob: bytes) -> int:
+    """File offset of the abi_version field of the Solo5 ABI note: after the
+    note's type word comes its name "Solo5\\0\\0\\0", then the descriptor,
+    whose second word is the version."""
+    return blob.index(struct.pack("<I", ABI1_NOTE_TYPE)) + 4 + 8 + 4
+
+
+def patch(src: Path, dst: Path, offset: int, data: bytes) -> Path:
+    """A copy of ``src`` at ``dst`` with ``data`` written at ``offset``."""
+    blob = bytearray(src.read_bytes())
+    blob[offset : offset + len(data)] = data
+    dst.write_bytes(bytes(blob))
+    return dst
+
+
+def with_abi_version(src: Path, dst: Path, version: int) -> Path:
+    """A copy of the guest ``src`` whose ABI note claims ``version``."""
+    offset = abi_version_offset(src.read_bytes())
+    return patch(src, dst, offset, struct.pack("<I", version))
+
+
+# -- command-line values -------------------------------------------------------------
+
+BAD_CPL = "2"  # neither auto, 0 nor 3
+BAD_CPL_MESSAGE = f"pyvmm: --cpl: '{BAD_CPL}' is not one of auto, 0, 3"
