@@ -16,22 +16,16 @@ import re
 import sys
 
 from pyvmm import __version__
-from pyvmm.config import DEFAULT_MEM_MIB, VmConfig
+from pyvmm.config import DEFAULT_MEM_MIB, VmConfig, positive_int
+from pyvmm.devices import kinds, option_table
 from pyvmm.errors import PyvmmError, UsageError
 
-USAGE = f"""\
+USAGE_TEMPLATE = f"""\
 usage: pyvmm [OPTIONS] [--] KERNEL [ARGS...]
 
 Run a Solo5 hvt unikernel on KVM. Options (solo5-hvt compatible):
   --mem=N                       guest memory in MiB (default {DEFAULT_MEM_MIB})
-  --net:NAME=IFACE              attach net device NAME to tap IFACE (or @FD:
-                                an already open tap file descriptor)
-  --net=IFACE                   the same, when the manifest has one net device
-  --net-mac:NAME=HWADDR         guest MAC address of net device NAME
-  --block:NAME=PATH             attach block device NAME to PATH (a file or
-                                a host block device)
-  --block-sector-size:NAME=N    sector size of block device NAME (default 512)
-  --cpl=auto|0|3                privilege level of the guest: 3 (user mode,
+{{device_options}}  --cpl=auto|0|3                privilege level of the guest: 3 (user mode,
                                 native speed on PVM hosts) needs a guest that
                                 declares it; auto picks 3 for such a guest on
                                 a PVM host, else 0 (default auto)
@@ -58,16 +52,10 @@ Run a Solo5 hvt unikernel on KVM. Options (solo5-hvt compatible):
 Everything after KERNEL is the guest's command line.
 """
 
-_NAMED = re.compile(r"^--(net|net-mac|block|block-sector-size):([^=]*)=(.*)$")
+_NAMED = re.compile(r"^--([a-z-]+):([^=]*)=(.*)$")
+_SHORT = re.compile(r"^--([a-z-]+)=(.*)$")
+_HELP_COLUMN = 32
 _NAME_OK = re.compile(r"^[A-Za-z0-9]{1,67}$")
-
-
-def _positive_int(option: str, text: str, most: int | None = None) -> int:
-    if not re.fullmatch(r"[0-9]+", text) or int(text) <= 0:
-        raise UsageError(f"{option}: '{text}' is not a positive integer")
-    if most is not None and int(text) > most:
-        raise UsageError(f"{option}: {text} is more than {most}")
-    return int(text)
 
 
 # The hybrid budget is microseconds of polling without work; past a second
@@ -89,6 +77,7 @@ def _parse_pin(value: str, config: VmConfig) -> None:
 def parse_args(argv: list[str]) -> VmConfig | str:
     """A VmConfig, or "help" / "version" for those requests."""
     config = VmConfig(kernel="")
+    devices = option_table()
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -102,18 +91,18 @@ def parse_args(argv: list[str]) -> VmConfig | str:
         if arg in ("--version", "--host-info"):
             return "version"
         if arg.startswith("--mem="):
-            config.mem_mib = _positive_int("--mem", arg[len("--mem=") :])
+            config.mem_mib = positive_int("--mem", arg[len("--mem=") :])
         elif arg.startswith("--shm="):
             value = arg[len("--shm=") :]
             if value not in ("off", "poll", "event", "hybrid"):
                 raise UsageError(f"--shm: '{value}' is not one of off, poll, event, hybrid")
             config.shm = value
         elif arg.startswith("--hybrid-budget="):
-            config.hybrid_budget_us = _positive_int(
+            config.hybrid_budget_us = positive_int(
                 "--hybrid-budget", arg.split("=", 1)[1], MAX_HYBRID_BUDGET_US
             )
         elif arg.startswith("--shm-slots="):
-            slots = _positive_int("--shm-slots", arg.split("=", 1)[1])
+            slots = positive_int("--shm-slots", arg.split("=", 1)[1])
             if slots & (slots - 1) or not 2 <= slots <= 32768:
                 raise UsageError(f"--shm-slots: {slots} is not a power of two in [2, 32768]")
             config.shm_slots = slots
@@ -137,29 +126,13 @@ def parse_args(argv: list[str]) -> VmConfig | str:
             if value not in ("auto", "0", "3"):
                 raise UsageError(f"--cpl: '{value}' is not one of auto, 0, 3")
             config.cpl = value
-        elif arg.startswith("--net="):
-            iface = arg[len("--net=") :]
-            if not iface:
-                raise UsageError("--net=: missing interface name")
-            config.default_net = iface
-        elif match := _NAMED.match(arg):
-            kind, name, value = match.groups()
-            if not _NAME_OK.match(name):
-                raise UsageError(f"{arg}: invalid device name '{name}' (1-67 of [A-Za-z0-9])")
+        elif (match := _NAMED.match(arg)) and match.group(1) in devices:
+            _device_option(arg, *match.groups(), devices, config)
+        elif (match := _SHORT.match(arg)) and devices.get(match.group(1), (0, None))[1].short:
+            flag, value = match.groups()
             if not value:
-                raise UsageError(f"{arg}: missing value after '='")
-            table = {
-                "net": config.nets,
-                "net-mac": config.net_macs,
-                "block": config.blocks,
-                "block-sector-size": config.block_sector_sizes,
-            }[kind]
-            if name in table:
-                raise UsageError(f"--{kind}:{name} given twice")
-            if kind == "block-sector-size":
-                table[name] = _positive_int(f"--{kind}:{name}", value)
-            else:
-                table[name] = value
+                raise UsageError(f"--{flag}=: missing {devices[flag][1].metavar}")
+            config.devices.setdefault(flag, {})[None] = value
         else:
             raise UsageError(f"unknown option '{arg}' (see pyvmm --help)")
         i += 1
@@ -172,14 +145,48 @@ def parse_args(argv: list[str]) -> VmConfig | str:
     return config
 
 
+def _device_option(arg: str, flag: str, name: str, value: str, devices, config) -> None:
+    """``--FLAG:NAME=VALUE`` of a registered device kind."""
+    _kind, option = devices[flag]
+    if not _NAME_OK.match(name):
+        raise UsageError(f"{arg}: invalid device name '{name}' (1-67 of [A-Za-z0-9])")
+    if not value:
+        raise UsageError(f"{arg}: missing value after '='")
+    given = config.devices.setdefault(flag, {})
+    if name in given:
+        raise UsageError(f"--{flag}:{name} given twice")
+    given[name] = option.parse(f"--{flag}:{name}", value)
+
+
+def usage() -> str:
+    """--help, with each registered device kind's options."""
+    lines = []
+    for kind in kinds():
+        for opt in kind.options:
+            forms = [(f"--{opt.flag}:NAME={opt.metavar}", opt.help)]
+            if opt.short:
+                forms.append(
+                    (
+                        f"--{opt.flag}={opt.metavar}",
+                        f"the same, when the manifest has one {kind.label} device",
+                    )
+                )
+            for form, text in forms:
+                first, *rest = text.split("\n")
+                lines.append(f"  {form:<{_HELP_COLUMN - 2}}{first}")
+                lines += [" " * _HELP_COLUMN + more for more in rest]
+    return USAGE_TEMPLATE.format(device_options="\n".join(lines) + "\n")
+
+
 def version_text() -> str:
     """Our version, the ABI, and what this host's KVM provides."""
     lines = [f"pyvmm {__version__} (Solo5 hvt ABI 2)"]
     try:
+        from pyvmm.host import host_info
         from pyvmm.kvm import System
 
         with System() as kvm:
-            info = kvm.host_info()
+            info = host_info(kvm)
     except PyvmmError as err:
         lines.append(f"host: {err}")
         return "\n".join(lines)
@@ -187,7 +194,7 @@ def version_text() -> str:
     def yes(flag: bool) -> str:
         return "yes" if flag else "no"
 
-    tsc = f"{info.tsc_khz / 1000:.3f} MHz" if info.tsc_khz else "unknown"
+    tsc = f"{info.cycle_freq / 1e6:.3f} MHz" if info.cycle_freq else "unknown"
     lines += [
         f"host: {info.machine}, KVM flavour {info.flavour}"
         + (
@@ -207,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parsed = parse_args(argv)
         if parsed == "help":
-            sys.stdout.write(USAGE)
+            sys.stdout.write(usage())
             return 0
         if parsed == "version":
             print(version_text())

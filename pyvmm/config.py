@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from typing import Any
+
+from pyvmm.errors import UsageError
 
 DEFAULT_MEM_MIB = 512
 # The IO thread mode when --shm is not given (docs/modes.md says why).
 DEFAULT_SHM_MODE = "event"
+
+
+def positive_int(option: str, text: str, most: int | None = None) -> int:
+    """An option's value as a positive decimal integer (ASCII digits only)."""
+    if not re.fullmatch(r"[0-9]+", text) or int(text) <= 0:
+        raise UsageError(f"{option}: '{text}' is not a positive integer")
+    if most is not None and int(text) > most:
+        raise UsageError(f"{option}: {text} is more than {most}")
+    return int(text)
 
 
 @dataclass
@@ -14,14 +27,11 @@ class VmConfig:
     kernel: str
     guest_args: list[str] = field(default_factory=list)
     mem_mib: int = DEFAULT_MEM_MIB
-    # Device name (as in the manifest) -> tap interface name or "@FD".
-    nets: dict[str, str] = field(default_factory=dict)
-    net_macs: dict[str, str] = field(default_factory=dict)
-    # The short form --net=IFACE: attach to the manifest's only net device.
-    default_net: str | None = None
-    blocks: dict[str, str] = field(default_factory=dict)
-    block_sector_sizes: dict[str, int] = field(default_factory=dict)
-    # Privilege level of the guest: "auto", "0" or "3" (see vmm.choose_cpl).
+    # Device options (pyvmm.devices): flag -> {device name: value}, e.g.
+    # {"net": {"service0": "tap100"}, "block": {"storage": "disk.img"}};
+    # the short form --net=IFACE is stored under the name None.
+    devices: dict[str, dict[str | None, Any]] = field(default_factory=dict)
+    # Privilege level of the guest: "auto", "0" or "3" (see plan.choose_cpl).
     cpl: str = "auto"
     # shmstream: None = auto (DEFAULT_SHM_MODE for guests that ask for it),
     # "off", or an IO thread mode ("poll", "event", "hybrid").

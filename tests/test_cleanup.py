@@ -57,18 +57,22 @@ CASES = {
     "fault": lambda shm: (VmConfig(kernel=str(guest("fault_badptr"))), "guest fault"),
     # A net guest served by the IO thread through shmstream rings.
     "shmstream": lambda shm: (
-        VmConfig(kernel=str(guest("hostile")), guest_args=["200"], nets=nets(), shm=shm),
+        VmConfig(
+            kernel=str(guest("hostile")), guest_args=["200"], devices={"net": nets()}, shm=shm
+        ),
         1 if shm == "off" else 0,  # with --shm=off it finds no ring to attack
     ),
     # A net guest whose IO thread serves Solo5's ring (none with --shm=off).
     "solo5-ring": lambda shm: (
-        VmConfig(kernel=str(guest("hostile_s5")), guest_args=["200"], nets=nets(), shm=shm),
+        VmConfig(
+            kernel=str(guest("hostile_s5")), guest_args=["200"], devices={"net": nets()}, shm=shm
+        ),
         1 if shm == "off" else 0,
     ),
     # Taps open, VM and memory exist, then set-up fails (MTU 9000 does not
     # fit a shmstream slot): nothing acquired so far may stay behind.
     "fails-after-tap": lambda shm: (
-        VmConfig(kernel=str(guest("ping")), nets=nets(), shm=shm),
+        VmConfig(kernel=str(guest("ping")), devices={"net": nets()}, shm=shm),
         "too large for shmstream",
     ),
 }

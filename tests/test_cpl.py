@@ -11,7 +11,7 @@ import pytest
 from conftest import guest, run_pyvmm
 from pyvmm.kvm.system import kvm_flavour
 from pyvmm.loader import load_kernel
-from pyvmm.vmm import choose_cpl
+from pyvmm.plan import choose_cpl
 
 pytestmark = pytest.mark.kvm
 

@@ -1,1 +1,74 @@
-"""Architecture-specific boot state; everything else in pyvmm is portable."""
+"""The architecture seam: what differs between x86_64 and aarch64 hosts.
+
+Everything above it (plan, runner, hvt, devices) is portable and reaches
+the CPU only through an ``Arch``: how guest memory is prepared for entry
+(page tables, descriptor tables), how the vCPU starts, how a VM exit
+carries a hypercall or a doorbell, and how a fault is explained. An
+architecture is a module under ``pyvmm/arch/`` exposing ``ARCH``;
+``host_arch()`` picks the host's, imported lazily so that a start imports
+one architecture only. The C side keeps the same split: the exit decoding
+and the hypercall transport are per architecture (csrc/), the rest shared.
+"""
+
+from __future__ import annotations
+
+import importlib
+import platform
+from typing import TYPE_CHECKING, Protocol
+
+from pyvmm.errors import HostError
+
+if TYPE_CHECKING:
+    from pyvmm.errors import GuestFault
+    from pyvmm.kvm import System, Vcpu, VcpuExit, Vm
+    from pyvmm.memory import GuestMemory, Protection
+
+# platform.machine() spelling -> module under pyvmm/arch/ (written ones only).
+ARCHES = {"x86_64": "x86_64"}
+
+
+class Arch(Protocol):
+    """One architecture's part of a run (see docs/architecture.md)."""
+
+    #: platform.machine() spelling; also what the ELF loader checks against.
+    machine: str
+    #: The exit type that carries hypercalls (counted by name in --stats).
+    hypercall_exit: type
+
+    def prepare_memory(
+        self, memory: GuestMemory, regions: list[tuple[int, int, Protection]], cpl: int
+    ) -> None:
+        """Write what the guest needs at entry besides the ELF image (tables)."""
+
+    def setup_vcpu(
+        self, system: System, vcpu: Vcpu, *, entry: int, stack: int, boot_info: int, cpl: int
+    ) -> None:
+        """Registers and CPU state at entry, as the hvt ABI says."""
+
+    def cycle_freq(self, vcpu: Vcpu) -> int:
+        """The guest's cycle counter frequency in Hz (boot info)."""
+
+    def hypercall(self, exit: VcpuExit) -> tuple[int, int] | None:
+        """(hypercall number, argument GPA) if this exit is a hypercall."""
+
+    def add_doorbell(self, vm: Vm, eventfd: int, doorbell: int) -> None:
+        """Let the guest's notification ``doorbell`` signal ``eventfd``
+        inside KVM, without an exit to pyvmm."""
+
+    def explain(self, exit: VcpuExit, vcpu: Vcpu, memory: GuestMemory) -> GuestFault | None:
+        """The fault for an exit only this architecture can read, or None."""
+
+    def where(self, vcpu: Vcpu) -> str:
+        """Where the guest is (registers), for fault messages."""
+
+
+def host_arch(machine: str | None = None) -> Arch:
+    """The architecture pyvmm runs guests on here; one clear line if none."""
+    machine = machine or platform.machine()
+    name = ARCHES.get(machine)
+    if name is None:
+        written = ", ".join(ARCHES)
+        raise HostError(
+            f"{machine} hosts are not supported yet (pyvmm boots guests on {written} only)"
+        )
+    return importlib.import_module(f"pyvmm.arch.{name}").ARCH

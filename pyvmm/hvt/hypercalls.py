@@ -1,4 +1,6 @@
-"""The eight hvt hypercalls. Every guest address goes through GuestMemory.
+"""The hvt hypercall table: the core's four (walltime, puts, poll, halt)
+and each device kind's own (pyvmm.devices). Every guest address goes
+through GuestMemory.
 
 A handler gets the GPA of its argument struct (the value of the guest's
 ``outl``) and either fills in the results or raises ``Halt`` (the guest is
@@ -15,11 +17,13 @@ import time
 from collections.abc import Callable
 
 from pyvmm._native import ffi, lib
+from pyvmm.devices import Device, DeviceKind, kinds
 from pyvmm.devices.block import BlockDevice
 from pyvmm.devices.console import Console
 from pyvmm.devices.net.device import NetDevice
 from pyvmm.devices.net.shmstream import ShmStream
 from pyvmm.errors import GuestFault
+from pyvmm.loader import DeviceType
 from pyvmm.memory import GuestMemory
 
 OK = lib.HVT_RET_OK
@@ -41,23 +45,30 @@ class Hypercalls:
         self,
         memory: GuestMemory,
         console: Console,
-        devices: dict[int, NetDevice | BlockDevice],
+        attached: list[tuple[DeviceKind, Device]],
         stop_fd: int,
         shm: ShmStream | None = None,
     ) -> None:
         self.memory = memory
         self.console = console
-        self.devices = devices
-        self.nets = {h: d for h, d in devices.items() if isinstance(d, NetDevice)}
+        self.devices: dict[int, Device] = {d.handle: d for _, d in attached}
+        by_type = {kind.type: kind for kind, _ in attached}
+        of_type: dict[DeviceType, dict[int, Device]] = {t: {} for t in by_type}
+        for kind, device in attached:
+            of_type[kind.type][device.handle] = device
+        # What the C fast path serves (hvt/fastpath.py reads these).
+        self.nets: dict[int, NetDevice] = of_type.get(DeviceType.NET, {})  # type: ignore[assignment]
+        self.disks: dict[int, BlockDevice] = of_type.get(DeviceType.BLOCK, {})  # type: ignore[assignment]
         self.stop_fd = stop_fd
         self.shm = shm
         # Poll set: the stop eventfd, the shmstream wake eventfd, then every
         # net device that the IO thread does not own, by handle.
         served = set(shm.layout.handles) if shm else set()
-        self._poll_handles = [h for h in self.nets if h not in served]
+        waits = {h: d.poll_fd() for h, d in self.devices.items() if h not in served}
+        self._poll_handles = [h for h, fd in waits.items() if fd is not None]
         first = [stop_fd, shm.wake_fd] if shm else [stop_fd]
         self._poll_first = len(first)
-        fds = first + [self.nets[h].fileno() for h in self._poll_handles]
+        fds = first + [waits[h] for h in self._poll_handles]
         self._poll_fds = ffi.new("int[]", fds)
         self._poll_nfds = len(fds)
         self._ready = ffi.new("uint64_t *")
@@ -65,12 +76,13 @@ class Hypercalls:
             lib.HVT_HYPERCALL_WALLTIME: self.walltime,
             lib.HVT_HYPERCALL_PUTS: self.puts,
             lib.HVT_HYPERCALL_POLL: self.poll,
-            lib.HVT_HYPERCALL_BLOCK_WRITE: self.block_write,
-            lib.HVT_HYPERCALL_BLOCK_READ: self.block_read,
-            lib.HVT_HYPERCALL_NET_WRITE: self.net_write,
-            lib.HVT_HYPERCALL_NET_READ: self.net_read,
             lib.HVT_HYPERCALL_HALT: self.halt,
         }
+        for t, kind in by_type.items():
+            self.table |= kind.hypercalls(memory, of_type[t])
+        for kind in kinds():  # a kind with no device still answers (EINVAL)
+            if kind.type not in by_type:
+                self.table |= kind.hypercalls(memory, {})
 
     def fast_path(self):
         """These hypercalls as the C fast path sees them (csrc/hcfast.h).
@@ -96,11 +108,10 @@ class Hypercalls:
         for handle, device in self.nets.items():
             fp.net_fd[handle] = device.fileno()
             fp.max_frame[handle] = device.max_frame
-        for handle, device in self.devices.items():
-            if isinstance(device, BlockDevice):
-                fp.blk_fd[handle] = device.fileno()
-                fp.blk_capacity[handle] = device.capacity
-                fp.blk_block_size[handle] = device.block_size
+        for handle, device in self.disks.items():
+            fp.blk_fd[handle] = device.fileno()
+            fp.blk_capacity[handle] = device.capacity
+            fp.blk_block_size[handle] = device.block_size
         fp.poll = int(self.shm is None)
         fp.n_poll = self._poll_nfds
         handles = [-1] * self._poll_first + self._poll_handles
@@ -139,60 +150,6 @@ class Hypercalls:
             if mask > 0 and mask & (1 << bit):
                 ready |= 1 << handle
         arg.ready_set = ready
-        arg.ret = OK
-
-    def _block(self, gpa: int, ctype: str, what: str, is_read: bool) -> None:
-        arg = self.memory.struct(ctype, gpa, what=what)
-        device = self.devices.get(arg.handle)
-        if not isinstance(device, BlockDevice) or not device.valid(arg.offset, arg.len):
-            arg.ret = EINVAL
-            return
-        buf = self.memory.buffer(arg.data, arg.len, write=is_read, what=what)
-        try:
-            if is_read:
-                device.read_into(arg.offset, buf)
-            else:
-                device.write_from(arg.offset, buf)
-        except OSError:
-            arg.ret = EUNSPEC
-            return
-        arg.ret = OK
-
-    def block_write(self, gpa: int) -> None:
-        self._block(gpa, "struct hvt_hc_block_write", "block_write hypercall", False)
-
-    def block_read(self, gpa: int) -> None:
-        self._block(gpa, "struct hvt_hc_block_read", "block_read hypercall", True)
-
-    def net_write(self, gpa: int) -> None:
-        arg = self.memory.struct("struct hvt_hc_net_write", gpa, what="net_write hypercall")
-        device = self.nets.get(arg.handle)
-        if device is None or arg.len > device.max_frame:
-            arg.ret = EINVAL
-            return
-        try:
-            device.write(self.memory.buffer(arg.data, arg.len, what="net_write hypercall"))
-        except OSError:
-            arg.ret = EUNSPEC
-            return
-        arg.ret = OK
-
-    def net_read(self, gpa: int) -> None:
-        arg = self.memory.struct("struct hvt_hc_net_read", gpa, what="net_read hypercall")
-        device = self.nets.get(arg.handle)
-        if device is None:
-            arg.ret = EINVAL
-            return
-        buf = self.memory.buffer(arg.data, arg.len, write=True, what="net_read hypercall")
-        try:
-            length = device.read_into(buf)
-        except OSError:
-            arg.ret = EUNSPEC
-            return
-        if length is None:
-            arg.ret = AGAIN
-            return
-        arg.len = length
         arg.ret = OK
 
     def halt(self, gpa: int) -> None:

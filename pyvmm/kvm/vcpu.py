@@ -1,4 +1,8 @@
-"""A vCPU file descriptor and its mapped kvm_run."""
+"""A vCPU file descriptor and its mapped kvm_run.
+
+Register access differs by architecture (x86 has KVM_GET_REGS, aarch64
+KVM_GET_ONE_REG), so it lives under pyvmm/arch/, not here.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import os
 
 from pyvmm._native import ffi, lib
 from pyvmm.kvm import exits
-from pyvmm.kvm.ioctl import KvmError, ioctl
+from pyvmm.kvm.ioctl import KvmError
 
 
 class Vcpu:
@@ -46,35 +50,3 @@ class Vcpu:
         if ret < 0:
             raise KvmError("KVM_RUN", -ret)
         return exits.decode(self._exit)
-
-    # -- x86_64 register state ---------------------------------------------
-    def get_regs(self):
-        regs = ffi.new("struct kvm_regs *")
-        ioctl(self.fd, lib.KVM_GET_REGS, regs, call="KVM_GET_REGS")
-        return regs
-
-    def set_regs(self, regs) -> None:
-        ioctl(self.fd, lib.KVM_SET_REGS, regs, call="KVM_SET_REGS")
-
-    def get_sregs(self):
-        sregs = ffi.new("struct kvm_sregs *")
-        ioctl(self.fd, lib.KVM_GET_SREGS, sregs, call="KVM_GET_SREGS")
-        return sregs
-
-    def set_sregs(self, sregs) -> None:
-        ioctl(self.fd, lib.KVM_SET_SREGS, sregs, call="KVM_SET_SREGS")
-
-    def set_cpuid(self, cpuid) -> None:
-        ioctl(self.fd, lib.KVM_SET_CPUID2, cpuid, call="KVM_SET_CPUID2")
-
-    def tsc_khz(self) -> int:
-        return ioctl(self.fd, lib.KVM_GET_TSC_KHZ, call="KVM_GET_TSC_KHZ")
-
-    def describe(self) -> str:
-        """Where the guest is, for fault messages (best effort)."""
-        try:
-            regs = self.get_regs()
-            sregs = self.get_sregs()
-        except KvmError:
-            return "registers unavailable"
-        return f"rip={regs.rip:#x} rsp={regs.rsp:#x} cr2={sregs.cr2:#x}"

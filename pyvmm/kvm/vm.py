@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 from pyvmm._native import ffi, lib
 from pyvmm.fd import OwnedFd
 from pyvmm.kvm.ioctl import ioctl
 from pyvmm.kvm.vcpu import Vcpu
 
-if TYPE_CHECKING:
-    from pyvmm.kvm.system import System
-
 
 class Vm(OwnedFd):
     """One VM; closing it closes every vCPU it created."""
 
-    def __init__(self, fd: int, system: System) -> None:
+    def __init__(self, fd: int, vcpu_mmap_size: int) -> None:
         self.fd = fd
-        self.system = system
+        # The size of each vCPU's kvm_run mapping (a /dev/kvm fact).
+        self.vcpu_mmap_size = vcpu_mmap_size
         self.vcpus: list[Vcpu] = []
 
     def close(self) -> None:
@@ -65,7 +62,7 @@ class Vm(OwnedFd):
     def create_vcpu(self, index: int = 0) -> Vcpu:
         fd = ioctl(self.fd, lib.KVM_CREATE_VCPU, index, call="KVM_CREATE_VCPU")
         try:
-            vcpu = Vcpu(fd, index, self.system.vcpu_mmap_size)
+            vcpu = Vcpu(fd, index, self.vcpu_mmap_size)
         except BaseException:
             os.close(fd)
             raise

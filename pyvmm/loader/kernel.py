@@ -17,15 +17,11 @@ from pyvmm.errors import LoaderError
 from pyvmm.loader.elf import ElfImage, Segment, parse_elf
 from pyvmm.loader.manifest import Manifest
 from pyvmm.loader.notes import AbiInfo, Capabilities, read_abi, read_capabilities
-from pyvmm.memory import PAGE_SIZE, GuestMemory, Protection
+from pyvmm.memory import GuestMemory, Protection
+from pyvmm.sizes import GUEST_MEMORY_LIMIT, MEM_GRANULE, MIB, PAGE_SIZE
 
-MIB = 1 << 20
 # Nothing loads below this: the page tables, boot info and command line live there.
 MIN_LOAD_ADDRESS = lib.HVT_GUEST_MIN_BASE
-# Guest RAM never reaches 4 GiB (x86_64 --mem cap; MMIO window on aarch64).
-GUEST_MEMORY_LIMIT = 4 << 30
-# --mem is rounded down to this, so "needs at least" is rounded up to it.
-MEM_GRANULE = 2 * MIB
 # A file this large cannot fit in guest memory; refuse before reading it all.
 MAX_FILE_SIZE = GUEST_MEMORY_LIMIT
 

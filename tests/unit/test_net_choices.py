@@ -12,7 +12,7 @@ from pyvmm.devices.net.shmstream import ShmLayout
 from pyvmm.errors import UsageError
 from pyvmm.loader import load_kernel
 from pyvmm.loader.notes import AbiInfo, Capabilities
-from pyvmm.vmm import choose_shm, choose_solo5_ring
+from pyvmm.plan import choose_shm, choose_solo5_ring
 
 MIB = 1 << 20
 

@@ -46,21 +46,6 @@ PTE_US = 1 << 2
 PTE_PS = 1 << 7
 PTE_NX = 1 << 63
 
-CR0_PE = 1 << 0
-CR0_NE = 1 << 5
-CR0_WP = 1 << 16
-CR0_PG = 1 << 31
-CR4_PAE = 1 << 5
-CR4_OSFXSR = 1 << 9
-CR4_OSXMMEXCPT = 1 << 10
-EFER_LME = 1 << 8
-EFER_LMA = 1 << 10
-EFER_NXE = 1 << 11
-RFLAGS_RESERVED = 1 << 1
-
-CR4_FSGSBASE = 1 << 16
-RFLAGS_IOPL3 = 3 << 12
-
 SEG_TYPE_CODE_XA = 9  # execute-only, accessed
 SEG_TYPE_CODE_XRA = 11  # execute/read, accessed
 SEG_TYPE_DATA_RWA = 3  # read/write, accessed
@@ -216,74 +201,3 @@ def setup_memory(
         memory.write(gpa, table)
     if cpl == 3:
         memory.write(TSS_BASE, tss_bytes())
-
-
-def cpu_has_fsgsbase(cpuid) -> bool:
-    """CPUID.(EAX=7,ECX=0):EBX bit 0, as KVM would show it to the guest."""
-    for i in range(cpuid.nent):
-        entry = cpuid.entries[i]
-        if entry.function == 7 and entry.index == 0:
-            return bool(entry.ebx & 1)
-    return False
-
-
-def setup_vcpu(vcpu, system, *, entry: int, stack: int, boot_info: int, cpl: int = 0) -> None:
-    """Long mode, CPUID from KVM, registers as the hvt ABI says.
-
-    CPL 0 is solo5-hvt's state exactly. CPL 3 (pyvmm's user-mode profile)
-    starts in 64-bit user mode: DPL 3 segments, user page tables, IOPL 3 and
-    a TSS whose I/O bitmap allows the hypercall ports, FSGSBASE so the guest
-    can set its TLS base without a privileged instruction.
-    """
-    cpuid = system.supported_cpuid()
-    vcpu.set_cpuid(cpuid)
-    sregs = vcpu.get_sregs()
-    code, data = (USER_CODE, USER_DATA) if cpl == 3 else (KERNEL_CODE, KERNEL_DATA)
-    code.load(sregs.cs)
-    for seg in (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss):
-        data.load(seg)
-    sregs.tr.base = TSS_BASE if cpl == 3 else 0
-    sregs.tr.limit = TSS_LIMIT if cpl == 3 else 0
-    sregs.tr.g = 0
-    sregs.tr.selector = 0
-    sregs.tr.type = SEG_TYPE_TSS64_BUSY
-    sregs.tr.present = 1
-    sregs.tr.s = 0
-    sregs.tr.dpl = 0
-    sregs.tr.unusable = 0
-    sregs.ldt.unusable = 1
-    sregs.ldt.present = 0
-    sregs.gdt.base = GDT_BASE
-    sregs.gdt.limit = len(segments_for(cpl)) * 8 + 8 - 1
-    sregs.idt.base = 0
-    sregs.idt.limit = 0
-    sregs.cr0 = CR0_PE | CR0_NE | CR0_WP | CR0_PG
-    sregs.cr3 = PML4_BASE
-    sregs.cr4 = CR4_PAE | CR4_OSFXSR | CR4_OSXMMEXCPT
-    if cpl == 3 and cpu_has_fsgsbase(cpuid):
-        sregs.cr4 |= CR4_FSGSBASE
-    sregs.efer = EFER_LME | EFER_LMA | EFER_NXE
-    vcpu.set_sregs(sregs)
-    regs = vcpu.get_regs()
-    for name in (
-        "rax",
-        "rbx",
-        "rcx",
-        "rdx",
-        "rsi",
-        "rbp",
-        "r8",
-        "r9",
-        "r10",
-        "r11",
-        "r12",
-        "r13",
-        "r14",
-        "r15",
-    ):
-        setattr(regs, name, 0)
-    regs.rflags = RFLAGS_RESERVED | (RFLAGS_IOPL3 if cpl == 3 else 0)
-    regs.rip = entry
-    regs.rsp = stack
-    regs.rdi = boot_info
-    vcpu.set_regs(regs)

@@ -16,25 +16,33 @@ from typing import Any
 
 from pyvmm.errors import DeviceError
 from pyvmm.fd import OwnedFd
+from pyvmm.loader import BlockAttachment
 
 #: The manifest carries ``block_size`` in a u16, so 32 KiB is the largest
 #: power of two a guest can be told about.
 MAX_BLOCK_SIZE = 1 << 15
 MIN_BLOCK_SIZE = 512
+#: What a guest gets without --block-sector-size (solo5-hvt's default).
+DEFAULT_BLOCK_SIZE = 512
 
 
 class BlockDevice(OwnedFd):
     """One disk image opened read-write; ``capacity`` is fixed at open time."""
 
-    def __init__(self, name: str, path: str, fd: int, capacity: int, block_size: int) -> None:
+    def __init__(
+        self, name: str, path: str, fd: int, capacity: int, block_size: int, handle: int = -1
+    ) -> None:
         self.name = name
+        self.handle = handle
         self.path = path
         self.capacity = capacity
         self.block_size = block_size
         self.fd = fd
 
     @classmethod
-    def open(cls, name: str, path: str, block_size: int = 512) -> BlockDevice:
+    def open(
+        cls, name: str, path: str, block_size: int = DEFAULT_BLOCK_SIZE, handle: int = -1
+    ) -> BlockDevice:
         """Open ``path`` as the backing file of manifest device ``name``.
 
         Every check happens here, before the guest starts, so a bad image is
@@ -80,7 +88,16 @@ class BlockDevice(OwnedFd):
         except BaseException:
             os.close(fd)
             raise
-        return cls(name, path, fd, size, block_size)
+        return cls(name, path, fd, size, block_size, handle)
+
+    def attachment(self) -> BlockAttachment:
+        return BlockAttachment(capacity=self.capacity, block_size=self.block_size)
+
+    def poll_fd(self) -> None:
+        return None  # disks are always ready
+
+    def counters(self) -> dict[str, int]:
+        return {}
 
     def valid(self, offset: int, length: int) -> bool:
         """Whether a guest request covers whole blocks inside the disk.

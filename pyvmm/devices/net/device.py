@@ -3,21 +3,34 @@
 from __future__ import annotations
 
 from pyvmm.devices.net.tap import TapBackend
+from pyvmm.loader import NetAttachment
 
 ETHERNET_HEADER = 14
 
 
 class NetDevice:
-    def __init__(self, name: str, tap: TapBackend, mac: bytes) -> None:
+    def __init__(self, name: str, handle: int, tap: TapBackend, mac: bytes) -> None:
         self.name = name
+        self.handle = handle
         self.tap = tap
         self.mac = mac
         self.mtu = tap.mtu
         # The largest frame a guest may send: MTU plus the Ethernet header.
         self.max_frame = self.mtu + ETHERNET_HEADER
 
+    def attachment(self) -> NetAttachment:
+        return NetAttachment(mac=self.mac, mtu=self.mtu)
+
     def fileno(self) -> int:
         return self.tap.fileno()
+
+    def poll_fd(self) -> int:
+        return self.tap.fileno()
+
+    def counters(self) -> dict[str, int]:
+        """Frames the plain hypercall path dropped in Python (the C fast
+        path counts its own: stats.py adds them up)."""
+        return {"rx_oversize": self.tap.rx_dropped, "tx": self.tap.tx_dropped}
 
     def read_into(self, buf) -> int | None:
         return self.tap.read_into(buf)

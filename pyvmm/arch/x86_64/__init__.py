@@ -1,0 +1,62 @@
+"""x86_64: long mode at CPL 0 (solo5-hvt's state) or 3 (pyvmm's user mode),
+hypercalls and doorbells as 4-byte ``outl`` to I/O ports.
+
+``boot`` holds the memory the guest finds at entry (GDT, page tables, TSS),
+``cpu`` the register state, ``faults`` the reading of x86-only exits.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyvmm._native import lib
+from pyvmm.arch.x86_64 import cpu, faults
+from pyvmm.arch.x86_64.boot import *  # noqa: F403  (the layout, for tests and docs)
+from pyvmm.arch.x86_64.boot import setup_memory
+from pyvmm.kvm import IoOut
+
+if TYPE_CHECKING:
+    from pyvmm.errors import GuestFault
+    from pyvmm.kvm import System, Vcpu, VcpuExit, Vm
+    from pyvmm.memory import GuestMemory, Protection
+
+HYPERCALL_PORT = lib.HVT_HYPERCALL_PIO_BASE
+HYPERCALL_MAX = lib.HVT_HYPERCALL_MAX
+
+
+class X86_64:
+    machine = "x86_64"
+    hypercall_exit = IoOut
+
+    def prepare_memory(
+        self, memory: GuestMemory, regions: list[tuple[int, int, Protection]], cpl: int
+    ) -> None:
+        setup_memory(memory, regions, cpl)
+
+    def setup_vcpu(
+        self, system: System, vcpu: Vcpu, *, entry: int, stack: int, boot_info: int, cpl: int
+    ) -> None:
+        cpu.setup_vcpu(system, vcpu, entry=entry, stack=stack, boot_info=boot_info, cpl=cpl)
+
+    def cycle_freq(self, vcpu: Vcpu) -> int:
+        return cpu.tsc_khz(vcpu) * 1000
+
+    def hypercall(self, exit: VcpuExit) -> tuple[int, int] | None:
+        # The argument's GPA is the 32-bit value written (hvt_abi.h).
+        if type(exit) is IoOut and exit.size == 4:
+            number = exit.port - HYPERCALL_PORT
+            if 0 < number <= HYPERCALL_MAX:
+                return number, exit.value
+        return None
+
+    def add_doorbell(self, vm: Vm, eventfd: int, doorbell: int) -> None:
+        vm.add_ioeventfd(eventfd, doorbell, 4, pio=True)
+
+    def explain(self, exit: VcpuExit, vcpu: Vcpu, memory: GuestMemory) -> GuestFault | None:
+        return faults.explain(exit, vcpu, memory)
+
+    def where(self, vcpu: Vcpu) -> str:
+        return cpu.where(vcpu)
+
+
+ARCH = X86_64()

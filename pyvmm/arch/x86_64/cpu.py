@@ -1,0 +1,170 @@
+"""x86_64 vCPU state: registers, CPUID and the TSC through KVM's x86 ioctls.
+
+These ioctls exist on x86 only (aarch64 sets registers one by one with
+KVM_SET_ONE_REG), so they live here rather than on ``Vcpu``.
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import TYPE_CHECKING
+
+from pyvmm._native import ffi, lib
+from pyvmm.arch.x86_64.boot import (
+    GDT_BASE,
+    KERNEL_CODE,
+    KERNEL_DATA,
+    PML4_BASE,
+    SEG_TYPE_TSS64_BUSY,
+    TSS_BASE,
+    TSS_LIMIT,
+    USER_CODE,
+    USER_DATA,
+    segments_for,
+)
+from pyvmm.kvm.ioctl import KvmError, ioctl
+
+if TYPE_CHECKING:
+    from pyvmm.kvm import System, Vcpu
+
+CR0_PE = 1 << 0
+CR0_NE = 1 << 5
+CR0_WP = 1 << 16
+CR0_PG = 1 << 31
+CR4_PAE = 1 << 5
+CR4_OSFXSR = 1 << 9
+CR4_OSXMMEXCPT = 1 << 10
+CR4_FSGSBASE = 1 << 16
+EFER_LME = 1 << 8
+EFER_LMA = 1 << 10
+EFER_NXE = 1 << 11
+RFLAGS_RESERVED = 1 << 1
+RFLAGS_IOPL3 = 3 << 12
+
+CPUID_MAX_ENTRIES = 256
+
+
+def get_regs(vcpu: Vcpu):
+    regs = ffi.new("struct kvm_regs *")
+    ioctl(vcpu.fd, lib.KVM_GET_REGS, regs, call="KVM_GET_REGS")
+    return regs
+
+
+def set_regs(vcpu: Vcpu, regs) -> None:
+    ioctl(vcpu.fd, lib.KVM_SET_REGS, regs, call="KVM_SET_REGS")
+
+
+def get_sregs(vcpu: Vcpu):
+    sregs = ffi.new("struct kvm_sregs *")
+    ioctl(vcpu.fd, lib.KVM_GET_SREGS, sregs, call="KVM_GET_SREGS")
+    return sregs
+
+
+def set_sregs(vcpu: Vcpu, sregs) -> None:
+    ioctl(vcpu.fd, lib.KVM_SET_SREGS, sregs, call="KVM_SET_SREGS")
+
+
+def set_cpuid(vcpu: Vcpu, cpuid) -> None:
+    ioctl(vcpu.fd, lib.KVM_SET_CPUID2, cpuid, call="KVM_SET_CPUID2")
+
+
+def tsc_khz(vcpu: Vcpu) -> int:
+    return ioctl(vcpu.fd, lib.KVM_GET_TSC_KHZ, call="KVM_GET_TSC_KHZ")
+
+
+def supported_cpuid(system: System):
+    """KVM_GET_SUPPORTED_CPUID as a cffi ``struct kvm_cpuid2 *``."""
+    nent = CPUID_MAX_ENTRIES
+    while True:
+        cpuid = ffi.new("struct kvm_cpuid2 *", {"entries": nent})
+        cpuid.nent = nent
+        try:
+            ioctl(system.fd, lib.KVM_GET_SUPPORTED_CPUID, cpuid, call="KVM_GET_SUPPORTED_CPUID")
+            return cpuid
+        except KvmError as err:
+            if err.errno != errno.E2BIG or nent >= 4096:
+                raise
+            nent *= 2
+
+
+def where(vcpu: Vcpu) -> str:
+    """Where the guest is, for fault messages (best effort)."""
+    try:
+        regs = get_regs(vcpu)
+        sregs = get_sregs(vcpu)
+    except KvmError:
+        return "registers unavailable"
+    return f"rip={regs.rip:#x} rsp={regs.rsp:#x} cr2={sregs.cr2:#x}"
+
+
+def cpu_has_fsgsbase(cpuid) -> bool:
+    """CPUID.(EAX=7,ECX=0):EBX bit 0, as KVM would show it to the guest."""
+    for i in range(cpuid.nent):
+        entry = cpuid.entries[i]
+        if entry.function == 7 and entry.index == 0:
+            return bool(entry.ebx & 1)
+    return False
+
+
+def setup_vcpu(
+    system: System, vcpu: Vcpu, *, entry: int, stack: int, boot_info: int, cpl: int = 0
+) -> None:
+    """Long mode, CPUID from KVM, registers as the hvt ABI says.
+
+    CPL 0 is solo5-hvt's state exactly. CPL 3 (pyvmm's user-mode profile)
+    starts in 64-bit user mode: DPL 3 segments, user page tables, IOPL 3 and
+    a TSS whose I/O bitmap allows the hypercall ports, FSGSBASE so the guest
+    can set its TLS base without a privileged instruction.
+    """
+    cpuid = supported_cpuid(system)
+    set_cpuid(vcpu, cpuid)
+    sregs = get_sregs(vcpu)
+    code, data = (USER_CODE, USER_DATA) if cpl == 3 else (KERNEL_CODE, KERNEL_DATA)
+    code.load(sregs.cs)
+    for seg in (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss):
+        data.load(seg)
+    sregs.tr.base = TSS_BASE if cpl == 3 else 0
+    sregs.tr.limit = TSS_LIMIT if cpl == 3 else 0
+    sregs.tr.g = 0
+    sregs.tr.selector = 0
+    sregs.tr.type = SEG_TYPE_TSS64_BUSY
+    sregs.tr.present = 1
+    sregs.tr.s = 0
+    sregs.tr.dpl = 0
+    sregs.tr.unusable = 0
+    sregs.ldt.unusable = 1
+    sregs.ldt.present = 0
+    sregs.gdt.base = GDT_BASE
+    sregs.gdt.limit = len(segments_for(cpl)) * 8 + 8 - 1
+    sregs.idt.base = 0
+    sregs.idt.limit = 0
+    sregs.cr0 = CR0_PE | CR0_NE | CR0_WP | CR0_PG
+    sregs.cr3 = PML4_BASE
+    sregs.cr4 = CR4_PAE | CR4_OSFXSR | CR4_OSXMMEXCPT
+    if cpl == 3 and cpu_has_fsgsbase(cpuid):
+        sregs.cr4 |= CR4_FSGSBASE
+    sregs.efer = EFER_LME | EFER_LMA | EFER_NXE
+    set_sregs(vcpu, sregs)
+    regs = get_regs(vcpu)
+    for name in (
+        "rax",
+        "rbx",
+        "rcx",
+        "rdx",
+        "rsi",
+        "rbp",
+        "r8",
+        "r9",
+        "r10",
+        "r11",
+        "r12",
+        "r13",
+        "r14",
+        "r15",
+    ):
+        setattr(regs, name, 0)
+    regs.rflags = RFLAGS_RESERVED | (RFLAGS_IOPL3 if cpl == 3 else 0)
+    regs.rip = entry
+    regs.rsp = stack
+    regs.rdi = boot_info
+    set_regs(vcpu, regs)

@@ -1,0 +1,162 @@
+"""Every decision of a run, made once, before any host resource is touched.
+
+``make_plan`` turns the command line and the unikernel into a ``Plan``:
+memory size and layout, privilege level, which ring transport the guest
+gets and where, the IO thread's settings. It opens nothing (the unikernel
+is read through the ``load`` it is given), so every user mistake is
+reported before a tap or /dev/kvm is opened, and the rules are unit-tested
+without KVM. ``vmm.Vmm`` carries the plan out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pyvmm.arch import Arch, host_arch
+from pyvmm.config import DEFAULT_SHM_MODE, VmConfig
+from pyvmm.devices import DeviceKind, Request, resolve
+from pyvmm.devices.net.shmstream import ShmLayout
+from pyvmm.devices.net.solo5_ring import RING_AREA
+from pyvmm.errors import UsageError
+from pyvmm.hvt.bootinfo import join_cmdline
+from pyvmm.iothread import DEFAULT_HYBRID_BUDGET_US, IoConfig
+from pyvmm.loader import DeviceType, Kernel
+from pyvmm.sizes import GUEST_MEMORY_LIMIT, MEM_GRANULE, MIB
+
+KernelLoader = Callable[..., Kernel]
+
+
+@dataclass(frozen=True)
+class Plan:
+    arch: Arch
+    kernel: Kernel
+    cmdline: bytes
+    #: Bytes of guest memory mapped (--mem, rounded).
+    mem_size: int
+    #: What the guest may use (boot_info.mem_size): below any ring area.
+    usable: int
+    cpl: int
+    #: Every device to attach, matched to the manifest, in manifest order.
+    devices: list[tuple[DeviceKind, Request]]
+    #: "off" or the IO thread mode serving a shmstream region.
+    shm_mode: str
+    shm_layout: ShmLayout | None
+    #: Where Solo5's own ring lives, when the guest gets it.
+    solo5_ring_gpa: int | None
+    io: IoConfig
+
+    @property
+    def stack_top(self) -> int:
+        return self.usable - 8
+
+
+def make_plan(config: VmConfig, *, machine: str, flavour: str, load: KernelLoader) -> Plan:
+    """The plan for ``config``; ``load(path, machine, legacy_abi=...)`` reads
+    the unikernel (pyvmm.loader.load_kernel, or a stub in tests)."""
+    mem_size = guest_memory_size(config.mem_mib)
+    cmdline = join_cmdline(config.guest_args)
+    kernel = load(config.kernel, machine, legacy_abi=config.legacy_abi)
+    arch = host_arch(machine)
+    devices = resolve(config.devices, kernel.manifest)
+    nets = [request.handle for kind, request in devices if kind.type == DeviceType.NET]
+    shm_mode = choose_shm(config.shm, kernel, bool(nets))
+    if config.shm_slots is not None and shm_mode == "off":
+        why = "--shm=off" if config.shm == "off" else "no net device or no shmstream driver"
+        raise UsageError(f"--shm-slots: {kernel.path} gets no shmstream region ({why})")
+    layout = None
+    usable = mem_size
+    if shm_mode != "off":
+        layout = ShmLayout.plan(mem_size, tuple(sorted(nets)), config.shm_slots)
+        usable = layout.gpa
+    ring_gpa = None
+    if choose_solo5_ring(config, kernel, bool(nets), shm_mode):
+        if usable <= RING_AREA:
+            raise UsageError(f"--mem={config.mem_mib} is too small for the Solo5 net ring")
+        usable -= RING_AREA
+        ring_gpa = usable
+    kernel.check_fits(usable)
+    io = IoConfig(
+        mode=config.shm if config.shm not in (None, "off") else DEFAULT_SHM_MODE,
+        hybrid_budget_us=config.hybrid_budget_us or DEFAULT_HYBRID_BUDGET_US,
+        cpu=config.pin_io,
+    )
+    return Plan(
+        arch=arch,
+        kernel=kernel,
+        cmdline=cmdline,
+        mem_size=mem_size,
+        usable=usable,
+        cpl=choose_cpl(config.cpl, kernel, flavour),
+        devices=devices,
+        shm_mode=shm_mode,
+        shm_layout=layout,
+        solo5_ring_gpa=ring_gpa,
+        io=io,
+    )
+
+
+def guest_memory_size(mem_mib: int) -> int:
+    """--mem in MiB, rounded down to 2 MiB as solo5-hvt does, at most 4 GiB."""
+    size = mem_mib * MIB
+    if size > GUEST_MEMORY_LIMIT:
+        raise UsageError(f"--mem={mem_mib}: at most {GUEST_MEMORY_LIMIT // MIB} MiB is supported")
+    size -= size % MEM_GRANULE
+    if size <= 0:
+        raise UsageError(f"--mem={mem_mib}: guest memory must be at least 2 MiB")
+    return size
+
+
+def choose_cpl(requested: str, kernel: Kernel, flavour: str) -> int:
+    """The privilege level to run the guest at.
+
+    Level 3 runs natively under kvm_pvm, where level 0 is emulated about a
+    thousand times slower (docs/pvm.md); only a guest that declares it can
+    run in user mode (pyvmm's CAP1 note) may get it. Unmodified Solo5
+    unikernels never do.
+    """
+    can = kernel.capabilities.user_mode
+    if requested == "3":
+        if not can:
+            raise UsageError(
+                f"--cpl=3: {kernel.path} does not declare that it can run in user mode "
+                "(no pyvmm capability note)"
+            )
+        return 3
+    if requested == "0":
+        return 0
+    return 3 if can and flavour == "pvm" else 0
+
+
+def choose_shm(requested: str | None, kernel: Kernel, has_nets: bool) -> str:
+    """The shmstream mode for this guest's net devices, or "off".
+
+    Only a guest that declares a shmstream driver gets the region. For any
+    other guest an explicit mode still sets how the IO thread serves
+    Solo5's own ring (see choose_solo5_ring).
+    """
+    if requested == "off" or not has_nets or not kernel.capabilities.shmstream:
+        return "off"
+    if kernel.abi.legacy:  # reads no host features: cannot find a region
+        return "off"
+    return requested or DEFAULT_SHM_MODE
+
+
+def choose_solo5_ring(config: VmConfig, kernel: Kernel, has_nets: bool, shm_mode: str) -> bool:
+    """Whether to offer Solo5's ring I/O, as solo5-hvt does unless told not to."""
+    serve = (
+        shm_mode == "off"
+        and has_nets
+        and config.shm != "off"
+        and not config.no_net_ring
+        and not kernel.abi.legacy
+    )
+    if config.shm not in (None, "off") and shm_mode == "off" and not serve:
+        if not has_nets:
+            why = "no net device"
+        elif kernel.abi.legacy:
+            why = "ABI version 1, which knows no rings"
+        else:
+            why = "no shmstream driver and --no-net-ring is set"
+        raise UsageError(f"--shm={config.shm}: nothing to serve: {kernel.path} has {why}")
+    return serve
