@@ -135,3 +135,22 @@ def need_tool(name: str) -> str:
     if path is None:
         pytest.skip(f"{name} is not installed")
     return path
+
+
+@pytest.fixture
+def loop_device(tmp_path) -> tuple[str, Path]:
+    """A loop block device over a zeroed 1 MiB image: (device path, image),
+    detached afterwards. losetup missing fails the run (need_tool)."""
+    losetup = need_tool("losetup")
+    image = tmp_path / "loop.img"
+    image.write_bytes(bytes(1 << 20))
+    found = subprocess.run(
+        [losetup, "--find", "--show", str(image)], capture_output=True, text=True
+    )
+    if found.returncode != 0:
+        pytest.skip(f"no loop devices here: {found.stderr.strip()}")
+    device = found.stdout.strip()
+    try:
+        yield device, image
+    finally:
+        subprocess.run([losetup, "--detach", device], check=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import array
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -263,26 +262,6 @@ def test_context_manager_closes_the_file(tmp_path: Path) -> None:
     assert dev.closed
     with pytest.raises(OSError):
         os.fstat(fd)
-
-
-@pytest.fixture
-def loop_device(tmp_path: Path):
-    """A loop block device over a 1 MiB image, detached afterwards."""
-    image = tmp_path / "loop.img"
-    image.write_bytes(bytes(1 << 20))
-    try:
-        found = subprocess.run(
-            ["losetup", "--find", "--show", str(image)], capture_output=True, text=True
-        )
-    except FileNotFoundError:
-        pytest.skip("losetup is not installed")
-    if found.returncode != 0:
-        pytest.skip(f"no loop devices here: {found.stderr.strip()}")
-    device = found.stdout.strip()
-    try:
-        yield device, image
-    finally:
-        subprocess.run(["losetup", "--detach", device], check=True)
 
 
 def test_block_device_node_is_a_disk_too(loop_device) -> None:
