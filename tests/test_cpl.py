@@ -4,21 +4,29 @@ faster than CPL 0 where KVM emulates level-0 code."""
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
 
 from conftest import guest, run_pyvmm
-from pyvmm.kvm.system import kvm_flavour
 from pyvmm.loader import load_kernel
 from pyvmm.plan import choose_cpl
+from testkit.helpers import BAD_CPL, BAD_CPL_MESSAGE
 
 pytestmark = pytest.mark.kvm
 
+# The host's KVM is kvm_pvm: asked of the kernel, not of pyvmm's own
+# kvm_flavour(), which is under test here.
+PVM = os.path.exists("/sys/module/kvm_pvm")
+
 
 def test_auto_picks_user_mode_on_pvm_for_declaring_guest():
+    """--cpl=auto: 3 on a PVM host for a guest that declares user mode, else
+    0; the guest reports the level it really runs at (its CS selector)."""
     result = run_pyvmm(guest("hello"))
-    expected = "3" if kvm_flavour() == "pvm" else "0"
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = "3" if PVM else "0"
     assert f"cpl: {expected}" in result.stdout.splitlines()
 
 
@@ -48,9 +56,9 @@ def test_guest_without_note_never_gets_user_mode(tmp_path):
 
 
 def test_bad_cpl_value():
-    result = run_pyvmm("--cpl=1", guest("hello"))
+    result = run_pyvmm(f"--cpl={BAD_CPL}", guest("hello"))
     assert result.returncode == 1
-    assert result.stderr.strip() == "pyvmm: --cpl: '1' is not one of auto, 0, 3"
+    assert result.stderr.strip() == BAD_CPL_MESSAGE
 
 
 def compute(cpl: str) -> tuple[str, int]:
@@ -65,6 +73,8 @@ def test_user_mode_computes_the_same_and_much_faster_on_pvm():
     sum0, time0 = compute("0")
     sum3, time3 = compute("3")
     assert sum0 == sum3
-    if kvm_flavour() == "pvm":
+    if PVM:
         # Measured far more here (bench/cpl.py); assert only a generous ratio.
         assert time0 > 20 * max(time3, 1), (time0, time3)
+    # Elsewhere (hardware virtualisation) both levels run natively: there is
+    # no speed promise to check, only the same result.
