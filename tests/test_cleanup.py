@@ -12,11 +12,11 @@ from conftest import guest
 from pyvmm.config import VmConfig
 from pyvmm.errors import PyvmmError
 from pyvmm.vmm import Vmm
-from testkit.netns import NetNamespace, can_create_namespaces
+from testkit.netns import NetNamespace
 
 pytestmark = [
     pytest.mark.kvm,
-    pytest.mark.skipif(not can_create_namespaces(), reason="needs root and /dev/net/tun"),
+    pytest.mark.netns,
 ]
 
 
