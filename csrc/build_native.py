@@ -22,10 +22,18 @@ SHARED_HEADERS = (
     "shmstream.h",
     "solo5_ring.h",
     "native.h",
+    "guestmem.h",
     "hcfast.h",
     "iothread.h",
 )
-SOURCES = ("native.c", "hcfast.c", "iothread.c")
+SOURCES = (
+    "native.c",
+    "guestmem.c",
+    "hcfast.c",
+    "iothread.c",
+    "iothread_shm.c",
+    "iothread_solo5.c",
+)
 
 _DEFINE = re.compile(r"^#define\s+\w+\s+(0x[0-9a-fA-F]+|\d+)\s*$")
 

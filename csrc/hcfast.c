@@ -10,68 +10,60 @@
 
 #include "hcfast.h"
 #include "hvt_abi.h"
+#include "iothread.h"
+#include "static_check.h"
 
 _Static_assert(sizeof(struct hvt_hc_block_read) == sizeof(struct hvt_hc_block_write) &&
                offsetof(struct hvt_hc_block_read, ret) ==
                offsetof(struct hvt_hc_block_write, ret),
                "block_io reads both requests through one layout");
-_Static_assert(PYVMM_FAST_MAX_HANDLES == 64 && PYVMM_FAST_MAX_RO == 32 &&
-               PYVMM_FAST_MAX_POLL == PYVMM_FAST_MAX_HANDLES + 1,
-               "hcfast.h: array sizes are literals for cffi, keep them in step");
-
-#define ETH_HEADER 14
+PYVMM_ARRAY_LEN_IS(struct pyvmm_fastpath, net_fd, MFT_MAX_ENTRIES);
+PYVMM_ARRAY_LEN_IS(struct pyvmm_fastpath, max_frame, MFT_MAX_ENTRIES);
+PYVMM_ARRAY_LEN_IS(struct pyvmm_fastpath, blk_fd, MFT_MAX_ENTRIES);
+PYVMM_ARRAY_LEN_IS(struct pyvmm_fastpath, blk_capacity, MFT_MAX_ENTRIES);
+PYVMM_ARRAY_LEN_IS(struct pyvmm_fastpath, blk_block_size, MFT_MAX_ENTRIES);
+PYVMM_ARRAY_LEN_IS(struct pyvmm_fastpath, poll_fd, PYVMM_FAST_MAX_POLL);
+PYVMM_ARRAY_LEN_IS(struct pyvmm_fastpath, poll_handle, PYVMM_FAST_MAX_POLL);
+_Static_assert(PYVMM_FAST_MAX_POLL == MFT_MAX_ENTRIES + 1, "the stop eventfd and every handle");
+/* The manifest's handles and hvt's ABI facts, for every header cffi reads
+ * with hand-sized arrays. */
+PYVMM_ARRAY_LEN_IS(struct mft_entry, name, MFT_NAME_SIZE);
 
 enum { ANSWERED, PYTHON };
 
-/* [gpa, gpa + len) lies in guest memory. */
-static int in_memory(const struct pyvmm_fastpath *fp, uint64_t gpa, uint64_t len)
+/* The host address of [gpa, gpa + len) for access PYVMM_GM_*, or NULL. */
+static uint8_t *guest(const struct pyvmm_fastpath *fp, uint64_t gpa, uint64_t len, int access)
 {
-    return gpa <= fp->mem_size && len <= fp->mem_size - gpa;
-}
-
-/* ... and the host may write all of it. */
-static int writable(const struct pyvmm_fastpath *fp, uint64_t gpa, uint64_t len)
-{
-    uint32_t i;
-    if (!in_memory(fp, gpa, len))
-        return 0;
-    for (i = 0; i < fp->n_ro && i < PYVMM_FAST_MAX_RO; i++)
-        if (gpa < fp->ro_end[i] && fp->ro_start[i] < gpa + len)
-            return len == 0;
-    return 1;
-}
-
-static uint8_t *host(const struct pyvmm_fastpath *fp, uint64_t gpa)
-{
-    return (uint8_t *)(uintptr_t)fp->mem + gpa;
+    return pyvmm_guestmem_at(fp->mem, gpa, len, access);
 }
 
 /* Copy the struct in once (the guest may change it), and write back only
  * the result fields, as Python does: a buffer that overlaps the struct
  * keeps what was read into it. */
-#define LOAD_ARG(fp, gpa, arg)                                           \
+#define LOAD_ARG(fp, gpa, arg, at)                                       \
     do {                                                                 \
-        if (!writable(fp, gpa, sizeof(arg)))                             \
+        if (!((at) = guest(fp, gpa, sizeof(arg), PYVMM_GM_WRITE)))       \
             return PYTHON;                                               \
-        memcpy(&(arg), host(fp, gpa), sizeof(arg));                      \
+        memcpy(&(arg), at, sizeof(arg));                                 \
     } while (0)
-#define STORE(fp, gpa, arg, field) \
-    memcpy(host(fp, gpa) + offsetof(__typeof__(arg), field), &(arg).field, sizeof((arg).field))
+#define STORE(at, arg, field) \
+    memcpy((at) + offsetof(__typeof__(arg), field), &(arg).field, sizeof((arg).field))
 
 static int net_fd(const struct pyvmm_fastpath *fp, uint64_t handle)
 {
-    return handle < PYVMM_FAST_MAX_HANDLES ? fp->net_fd[handle] : -1;
+    return handle < MFT_MAX_ENTRIES ? fp->net_fd[handle] : -1;
 }
 
 static int walltime(struct pyvmm_fastpath *fp, uint64_t gpa)
 {
     struct hvt_hc_walltime arg;
     struct timespec ts;
+    uint8_t *at;
 
-    LOAD_ARG(fp, gpa, arg);
+    LOAD_ARG(fp, gpa, arg, at);
     clock_gettime(CLOCK_REALTIME, &ts);
     arg.nsecs = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-    STORE(fp, gpa, arg, nsecs);
+    STORE(at, arg, nsecs);
     fp->walltimes++;
     return ANSWERED;
 }
@@ -81,16 +73,16 @@ static int walltime(struct pyvmm_fastpath *fp, uint64_t gpa)
 static int net_read(struct pyvmm_fastpath *fp, uint64_t gpa)
 {
     struct hvt_hc_net_read arg;
-    uint8_t overflow;
+    uint8_t overflow, *at, *buf;
     int fd;
 
-    LOAD_ARG(fp, gpa, arg);
+    LOAD_ARG(fp, gpa, arg, at);
     fd = net_fd(fp, arg.handle);
-    if (fd < 0 || !writable(fp, arg.data, arg.len))
+    if (fd < 0 || !(buf = guest(fp, arg.data, arg.len, PYVMM_GM_WRITE)))
         return PYTHON;
     for (;;) {
         struct iovec iov[2] = {
-            { host(fp, arg.data), arg.len },
+            { buf, arg.len },
             { &overflow, 1 },
         };
         ssize_t n = readv(fd, iov, 2);
@@ -112,8 +104,8 @@ static int net_read(struct pyvmm_fastpath *fp, uint64_t gpa)
         break;
     }
     if (arg.ret == HVT_RET_OK)
-        STORE(fp, gpa, arg, len);
-    STORE(fp, gpa, arg, ret);
+        STORE(at, arg, len);
+    STORE(at, arg, ret);
     return ANSWERED;
 }
 
@@ -122,16 +114,18 @@ static int net_read(struct pyvmm_fastpath *fp, uint64_t gpa)
 static int net_write(struct pyvmm_fastpath *fp, uint64_t gpa)
 {
     struct hvt_hc_net_write arg;
+    uint8_t *at, *buf;
     int fd;
 
-    LOAD_ARG(fp, gpa, arg);
+    LOAD_ARG(fp, gpa, arg, at);
     fd = net_fd(fp, arg.handle);
-    if (fd < 0 || arg.len > fp->max_frame[arg.handle] || !in_memory(fp, arg.data, arg.len))
+    if (fd < 0 || arg.len > fp->max_frame[arg.handle] ||
+        !(buf = guest(fp, arg.data, arg.len, PYVMM_GM_READ)))
         return PYTHON;
     arg.ret = HVT_RET_OK;
-    if (arg.len < ETH_HEADER) {
+    if (arg.len < HVT_ETH_HLEN) {
         fp->tx_dropped++;
-    } else if (write(fd, host(fp, arg.data), arg.len) < 0) {
+    } else if (write(fd, buf, arg.len) < 0) {
         if (errno == EAGAIN || errno == ENOBUFS || errno == EIO || errno == EINVAL)
             fp->tx_dropped++;
         else
@@ -139,34 +133,34 @@ static int net_write(struct pyvmm_fastpath *fp, uint64_t gpa)
     } else {
         fp->net_writes++;
     }
-    STORE(fp, gpa, arg, ret);
+    STORE(at, arg, ret);
     return ANSWERED;
 }
 
 /* As Hypercalls._block: whole blocks inside the disk, all or nothing.  A
- * request that is not (Python's EINVAL) or a buffer outside memory (its
+ * request that is not (Python's EINVAL) or a buffer the view refuses (its
  * fault) goes to Python; I/O errors and a file that shrank are EUNSPEC. */
 static int block_io(struct pyvmm_fastpath *fp, uint64_t gpa, int is_read)
 {
     struct hvt_hc_block_read arg;   /* block_write has the same layout */
     uint64_t bs, done = 0;
+    uint8_t *at, *buf;
     int fd;
 
-    LOAD_ARG(fp, gpa, arg);
-    if (arg.handle >= PYVMM_FAST_MAX_HANDLES || (fd = fp->blk_fd[arg.handle]) < 0)
+    LOAD_ARG(fp, gpa, arg, at);
+    if (arg.handle >= MFT_MAX_ENTRIES || (fd = fp->blk_fd[arg.handle]) < 0)
         return PYTHON;
     bs = fp->blk_block_size[arg.handle];
     if (bs == 0 || arg.len == 0 || arg.offset % bs || arg.len % bs ||
         arg.offset > fp->blk_capacity[arg.handle] ||
         arg.len > fp->blk_capacity[arg.handle] - arg.offset)
         return PYTHON;
-    if (is_read ? !writable(fp, arg.data, arg.len) : !in_memory(fp, arg.data, arg.len))
+    if (!(buf = guest(fp, arg.data, arg.len, is_read ? PYVMM_GM_WRITE : PYVMM_GM_READ)))
         return PYTHON;
     arg.ret = HVT_RET_OK;
     while (done < arg.len) {
-        uint8_t *p = host(fp, arg.data + done);
-        ssize_t n = is_read ? pread(fd, p, arg.len - done, (off_t)(arg.offset + done))
-                            : pwrite(fd, p, arg.len - done, (off_t)(arg.offset + done));
+        ssize_t n = is_read ? pread(fd, buf + done, arg.len - done, (off_t)(arg.offset + done))
+                            : pwrite(fd, buf + done, arg.len - done, (off_t)(arg.offset + done));
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
@@ -179,36 +173,46 @@ static int block_io(struct pyvmm_fastpath *fp, uint64_t gpa, int is_read)
         fp->block_reads++;
     else
         fp->block_writes++;
-    STORE(fp, gpa, arg, ret);
+    STORE(at, arg, ret);
     return ANSWERED;
 }
 
-/* As Hypercalls.poll without a shmstream region.  -EINTR: answered with
- * nothing ready, and the caller returns so Python sees the signal. */
+/* As Hypercalls.poll.  With a shmstream region: re-arm the IO thread's
+ * wake-up and clear a stale one before looking at the RX rings (a frame
+ * published after the look signals the wake eventfd, which the wait
+ * watches), and look again after the wait.  -EINTR: answered with what is
+ * ready, and the caller returns so Python sees the signal. */
 static int poll_hc(struct pyvmm_fastpath *fp, uint64_t gpa, int *interrupted)
 {
     struct hvt_hc_poll arg;
-    uint64_t ready = 0, mask;
+    uint64_t ready = 0, mask = 0;
     int64_t timeout;
+    uint8_t *at;
     int r;
     uint32_t i, n = fp->n_poll < PYVMM_FAST_MAX_POLL ? fp->n_poll : PYVMM_FAST_MAX_POLL;
 
-    if (!fp->poll)
-        return PYTHON;
-    LOAD_ARG(fp, gpa, arg);
+    LOAD_ARG(fp, gpa, arg, at);
     timeout = arg.timeout_nsecs > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)arg.timeout_nsecs;
+    if (fp->shm) {
+        shm_poll_drain_wake(fp->shm);
+        ready = shm_poll_ready_set(fp->shm);
+        if (ready)
+            timeout = 0;
+    }
     r = pyvmm_wait_readable(fp->poll_fd, (int)n, timeout, &mask);
     if (r < 0 && r != -EINTR)
         return PYTHON;   /* Python waits again and reports the failure */
     if (r == -EINTR)
         *interrupted = 1;
-    for (i = 0; i < n; i++)
+    if (fp->shm)
+        ready |= shm_poll_ready_set(fp->shm);
+    for (i = 0; r > 0 && i < n; i++)
         if ((mask & ((uint64_t)1 << i)) && fp->poll_handle[i] >= 0)
             ready |= (uint64_t)1 << fp->poll_handle[i];
     arg.ready_set = ready;
     arg.ret = HVT_RET_OK;
-    STORE(fp, gpa, arg, ready_set);
-    STORE(fp, gpa, arg, ret);
+    STORE(at, arg, ready_set);
+    STORE(at, arg, ret);
     fp->polls++;
     return ANSWERED;
 }

@@ -4,8 +4,10 @@
  * answered in C, inside the vCPU thread's KVM_RUN loop, without a trip
  * through Python.
  *
- * Only the clean case is handled here: argument struct and buffer inside
- * guest memory and, where the host writes, outside every read-only range.
+ * Only the clean case is handled here: argument struct and buffer accepted
+ * by the guest-memory view's accessor (guestmem.h: inside guest memory
+ * and, where the host writes, outside the low area and the read-only
+ * ranges).
  * Anything else (a bad pointer, an unknown handle, every other hypercall,
  * every other exit) is returned to Python as a plain exit, so the error
  * messages and the rules stay in one place (pyvmm/hvt/hypercalls.py) and
@@ -18,21 +20,22 @@
 
 #include <stdint.h>
 
+#include "guestmem.h"
 #include "native.h"
 
-#define PYVMM_FAST_MAX_HANDLES 64
-#define PYVMM_FAST_MAX_RO 32
+/* The poll set: the stop eventfd and one fd per manifest handle at most
+ * (MFT_MAX_ENTRIES + 1; the arrays below are sized by hand for cffi and
+ * checked against the constants in hcfast.c). */
 #define PYVMM_FAST_MAX_POLL 65
 
+/* What poll needs of a shmstream region (iothread.h). */
+struct pyvmm_shm_poll;
+
 struct pyvmm_fastpath {
-    uint64_t mem;                /* host address of guest memory (GPA 0) */
-    uint64_t mem_size;
-    /* Sorted, non-overlapping [start, end) GPA ranges the host must not write. */
-    uint32_t n_ro;
-    uint32_t poll;               /* 1: answer poll here (no shmstream region) */
-    uint64_t ro_start[32];
-    uint64_t ro_end[32];
-    /* By manifest handle: the tap fd of a net device (-1: none), its largest frame. */
+    const struct pyvmm_guestmem *mem;   /* GuestMemory.view */
+    const struct pyvmm_shm_poll *shm;   /* the shmstream region, or NULL */
+    /* By manifest handle (< MFT_MAX_ENTRIES): the tap fd of a net device
+     * (-1: none), its largest frame. */
     int32_t net_fd[64];
     uint32_t max_frame[64];
     /* By manifest handle: the backing file of a block device (-1: none),
@@ -40,7 +43,8 @@ struct pyvmm_fastpath {
     int32_t blk_fd[64];
     uint64_t blk_capacity[64];
     uint32_t blk_block_size[64];
-    /* What poll waits on: the stop eventfd first (handle -1), then taps. */
+    /* What poll waits on: the stop eventfd first, the shmstream wake
+     * eventfd next if there is a region (handle -1 both), then taps. */
     uint32_t n_poll;
     int32_t poll_fd[65];
     int32_t poll_handle[65];

@@ -45,6 +45,10 @@ enum hvt_hypercall {
 };
 #define HVT_HYPERCALL_MAX 8
 
+/* The Ethernet header: a net device's largest frame is its MTU plus this
+ * (net_write refuses longer ones, and shorter than this is no frame). */
+#define HVT_ETH_HLEN 14
+
 /* Results in the ret fields. */
 enum hvt_result {
     HVT_RET_OK = 0,

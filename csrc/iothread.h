@@ -1,13 +1,19 @@
 /*
- * The shmstream IO thread: a native pthread that owns the host side of
- * every shmstream net device (its tap and its two rings) so that moving a
- * frame never needs Python, the GIL or a VM exit.  Declarations are read by
- * cffi (plain types, integer #defines only).
+ * The IO thread: a native pthread that owns the host side of every
+ * shmstream net device (its tap and its two rings) and of Solo5's ring, so
+ * that moving a frame never needs Python, the GIL or a VM exit.
+ * Declarations are read by cffi (plain types, integer #defines only); the
+ * thread's insides are in iothread_internal.h.  Each device the thread
+ * serves is a "link" (io_add_port and io_port_counters keep their old
+ * names as API).
  */
 #ifndef PYVMM_IOTHREAD_H
 #define PYVMM_IOTHREAD_H
 
 #include <stdint.h>
+
+#include "guestmem.h"
+#include "shmstream.h"
 
 #define IO_MODE_POLL 1
 #define IO_MODE_EVENT 2
@@ -39,7 +45,11 @@ struct solo5_ring_counters {
     uint64_t reads;              /* frames read into guest buffers */
     uint64_t read_bytes;
     uint64_t reads_again;        /* read submitted, no frame waiting */
-    uint64_t bad_entries;        /* bad operation, handle, address or length */
+    uint64_t read_drops_oversize; /* frame longer than the read's buffer: dropped */
+    uint64_t bad_entries;        /* bad operation, handle, address or length
+                                  * (a write longer than the tap's largest
+                                  * frame, a read into memory the host may
+                                  * not write for the guest) */
     uint64_t bad_index;          /* guest's ent_tail or com_head impossible */
     uint64_t commit_stalls;      /* commit ring full: submissions wait */
 };
@@ -65,22 +75,32 @@ struct iothread;
 struct iothread *io_create(int mode, uint32_t budget_us, int cpu, int kick_fd, int wake_fd);
 
 /*
- * A device: backend_fd is a non-blocking tap (any fd that reads and writes
- * one frame per call will do); rx and tx are the rings' host addresses;
- * slots a power of two.  Returns the port index or -errno.  Only before
- * io_start.
+ * A shmstream device (a link): backend_fd is a non-blocking tap (any fd
+ * that reads and writes one frame per call will do); rx and tx are the
+ * rings' host addresses; slots a power of two.  Returns the link index or
+ * -errno.  Only before io_start.
  */
 int io_add_port(struct iothread *io, int backend_fd, void *rx, void *tx, uint32_t slots);
 
-struct shm_counters *io_port_counters(struct iothread *io, int port);
+struct shm_counters *io_port_counters(struct iothread *io, int link);
 
 /*
  * Serve Solo5's ring at host address `ring` too.  Guest addresses in its
- * entries are checked against [0, mem_size) and translated with `mem`, the
- * host address of guest memory.  Only before io_start; 0 or -errno.
+ * entries go through a copy of the guest-memory view `mem` (guestmem.h)
+ * limited to [0, usable): a write buffer must be readable, a read buffer
+ * writable on the guest's behalf.  Only before io_start; 0 or -errno.
  */
+int io_set_solo5_ring_view(struct iothread *io, void *ring, const struct pyvmm_guestmem *mem,
+                           uint64_t usable);
+/* The same over a view of [mem, mem + mem_size) with nothing refused
+ * (test rigs whose "guest memory" is a plain buffer). */
 int io_set_solo5_ring(struct iothread *io, void *ring, void *mem, uint64_t mem_size);
-/* The tap for manifest handle `handle` (< 64) of the Solo5 ring. */
+/* The tap for manifest handle `handle` (< MFT_MAX_ENTRIES) of the Solo5
+ * ring, and the largest frame a write may send through it (MTU +
+ * HVT_ETH_HLEN; longer ones are bad entries, as the net_write hypercall
+ * refuses them). */
+int io_solo5_attach_tap(struct iothread *io, uint32_t handle, int backend_fd, uint32_t max_frame);
+/* The same for any fd, frames up to 65535 bytes (test rigs). */
 int io_solo5_attach(struct iothread *io, uint32_t handle, int backend_fd);
 struct solo5_ring_counters *io_solo5_counters(struct iothread *io);
 struct io_stats *io_thread_stats(struct iothread *io);
@@ -103,5 +123,27 @@ void io_arm_wake(struct iothread *io);
 
 /* One pass over every ring on the calling thread (tests): frames moved. */
 int io_service(struct iothread *io);
+
+/*
+ * What the poll hypercall needs of a shmstream region, for the C fast
+ * path (hcfast.c) and Python's Hypercalls.poll (through ShmStream) alike:
+ * the IO thread, its wake eventfd and each device's RX ring.
+ */
+struct pyvmm_shm_poll {
+    struct iothread *io;
+    int32_t wake_fd;
+    uint32_t n;                  /* devices, <= SHM_MAX_DEVICES */
+    struct shm_ring *rx[16];
+    uint32_t handle[16];         /* manifest handle of each */
+};
+
+/* Re-arm the IO thread's wake-up (io_arm_wake) and clear a stale one; the
+ * caller looks at the rings afterwards, so nothing published after the
+ * re-arm can be missed. */
+void shm_poll_drain_wake(const struct pyvmm_shm_poll *p);
+/* Bit h set when handle h's RX ring holds frames the guest has not
+ * consumed.  Only reads the ring; an impossible index also counts as
+ * ready, so the guest looks (and finds its ring broken). */
+uint64_t shm_poll_ready_set(const struct pyvmm_shm_poll *p);
 
 #endif

@@ -1,9 +1,9 @@
 """Control of the native IO thread (csrc/iothread.c): modes, start/stop, stats.
 
-The thread itself is C: it owns the taps of every shmstream device and moves
-frames between them and the rings without the GIL. Python only creates it,
-starts it before the guest runs, stops it on every exit path and reads its
-counters.
+The thread itself is C: it owns the taps of every shmstream device (each a
+"link": a tap and its two rings) or of Solo5's ring and moves frames between
+them without the GIL. Python only creates it, starts it before the guest
+runs, stops it on every exit path and reads its counters.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ MODES = {"poll": lib.IO_MODE_POLL, "event": lib.IO_MODE_EVENT, "hybrid": lib.IO_
 # (bench/pps.py measures the choice; docs/modes.md).
 DEFAULT_HYBRID_BUDGET_US = 50
 
-PORT_COUNTERS = [name for name, _ in ffi.typeof("struct shm_counters").fields]
+LINK_COUNTERS = [name for name, _ in ffi.typeof("struct shm_counters").fields]
 THREAD_COUNTERS = [name for name, _ in ffi.typeof("struct io_stats").fields]
 SOLO5_COUNTERS = [name for name, _ in ffi.typeof("struct solo5_ring_counters").fields]
 
@@ -41,23 +41,25 @@ class IoThread:
         self._io = lib.io_create(MODES[config.mode], config.hybrid_budget_us, cpu, kick_fd, wake_fd)
         if self._io == ffi.NULL:
             raise HostError("cannot create the IO thread: out of memory or file descriptors")
-        self.ports = 0
+        self.links = 0
 
-    def add_port(self, backend_fd: int, rx, tx, slots: int) -> int:
-        port = lib.io_add_port(self._io, backend_fd, rx, tx, slots)
-        if port < 0:
-            raise HostError(f"IO thread: cannot add a device: {os.strerror(-port)}")
-        self.ports += 1
-        return port
+    def add_link(self, backend_fd: int, rx, tx, slots: int) -> int:
+        """A shmstream device: its tap and its rings; returns the link index."""
+        link = lib.io_add_port(self._io, backend_fd, rx, tx, slots)
+        if link < 0:
+            raise HostError(f"IO thread: cannot add a device: {os.strerror(-link)}")
+        self.links += 1
+        return link
 
-    def serve_solo5_ring(self, ring, memory_base, memory_size: int) -> None:
-        """Also serve Solo5's ring at ``ring`` (guest addresses < memory_size)."""
-        err = lib.io_set_solo5_ring(self._io, ring, memory_base, memory_size)
+    def serve_solo5_ring(self, ring, view, usable: int) -> None:
+        """Also serve Solo5's ring at ``ring``; guest buffers are checked
+        against ``view`` (GuestMemory.view) and must lie below ``usable``."""
+        err = lib.io_set_solo5_ring_view(self._io, ring, view, usable)
         if err:
             raise HostError(f"IO thread: cannot serve the Solo5 ring: {os.strerror(-err)}")
 
-    def attach_solo5(self, handle: int, backend_fd: int) -> None:
-        err = lib.io_solo5_attach(self._io, handle, backend_fd)
+    def attach_solo5(self, handle: int, backend_fd: int, max_frame: int) -> None:
+        err = lib.io_solo5_attach_tap(self._io, handle, backend_fd, max_frame)
         if err:
             raise HostError(f"IO thread: cannot attach handle {handle}: {os.strerror(-err)}")
 
@@ -65,9 +67,10 @@ class IoThread:
         c = lib.io_solo5_counters(self._io)
         return {name: getattr(c, name) for name in SOLO5_COUNTERS}
 
-    def arm_wake(self) -> None:
-        """Allow the next wake-up of a sleeping guest (see io_arm_wake)."""
-        lib.io_arm_wake(self._io)
+    @property
+    def native(self):
+        """The ``struct iothread *`` (for C that runs while it lives)."""
+        return self._io
 
     def start(self) -> None:
         err = lib.io_start(self._io)
@@ -83,9 +86,9 @@ class IoThread:
             lib.io_destroy(self._io)
             self._io = ffi.NULL
 
-    def port_counters(self, port: int) -> dict[str, int]:
-        c = lib.io_port_counters(self._io, port)
-        return {name: getattr(c, name) for name in PORT_COUNTERS}
+    def link_counters(self, link: int) -> dict[str, int]:
+        c = lib.io_port_counters(self._io, link)
+        return {name: getattr(c, name) for name in LINK_COUNTERS}
 
     def thread_counters(self) -> dict[str, int]:
         s = lib.io_thread_stats(self._io)

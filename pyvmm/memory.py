@@ -1,22 +1,32 @@
 """Guest memory: one anonymous mapping, every access by guest address checked.
 
-Nothing else in pyvmm touches the raw mapping. Every hypercall handler reads
-its arguments through ``GuestMemory``, so "is every guest pointer checked?"
-has one answer: here. Pages the loader made read-only (the guest's text and
-rodata) are refused for host writes too, because the host mapping itself is
-read-only there and a write through it would kill the host process.
+``GuestMemory`` owns the mapping and the one view of it that C uses too
+(``view``, a ``struct pyvmm_guestmem``: csrc/guestmem.h): the hypercall fast
+path and the IO thread's Solo5-ring service get that view, and every check
+here goes through the same C accessor (``pyvmm_guestmem_at``), so the rule
+is written once; this module only turns a refusal into a message.
+
+Three kinds of access: reads (anywhere in guest memory), writes on the
+guest's behalf (``struct()``, ``buffer(write=True)``, ``check(write=True)``,
+``pointer()``: refused in the low area [0, PYVMM_LOW_AREA_END), where the
+boot info and the page tables live, and in the ranges the loader made
+read-only) and the host's own set-up writes (``write()``,
+``struct(setup=True)``: refused only where the host mapping is read-only,
+since a write there would kill pyvmm). A guest-supplied address never goes
+to a set-up write.
 """
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 
 from pyvmm._native import ffi, lib
 from pyvmm.errors import GuestFault, HostError
+from pyvmm.sizes import MIB, PAGE_SIZE
 
-PAGE_SIZE = 4096
-MIB = 1 << 20
+__all__ = ["MIB", "PAGE_SIZE", "GuestMemory", "Protection"]
+
+_U64_LIMIT = 1 << 64
 
 
 @dataclass(frozen=True)
@@ -47,17 +57,22 @@ class GuestMemory:
             raise HostError(f"cannot map {size // MIB} MiB of guest memory: {_strerror(-addr)}")
         self.size = size
         self.host_addr: int = addr
-        self._base = ffi.cast("uint8_t *", addr)
-        # Sorted, non-overlapping [start, end) ranges the host must not write.
-        self._ro_starts: list[int] = []
-        self._ro_ends: list[int] = []
+        # The view C code checks against (csrc/guestmem.h); it lives as long
+        # as this object, and so does every range array it ever pointed at.
+        self.view = ffi.new("struct pyvmm_guestmem *")
+        self.view.host = addr
+        self.view.size = size
+        self.view.low_end = lib.PYVMM_LOW_AREA_END
+        # Sorted, non-overlapping [start, end) ranges mapped read-only.
+        self._ro: list[tuple[int, int]] = []
+        self._ro_arrays: list[object] = []
 
     # -- lifetime ---------------------------------------------------------
     def close(self) -> None:
         if self.host_addr:
+            self.view.host = 0  # every access refused from now on
             lib.pyvmm_unmap(self.host_addr, self.size)
             self.host_addr = 0
-            self._base = ffi.NULL
 
     def __enter__(self) -> GuestMemory:
         return self
@@ -66,55 +81,63 @@ class GuestMemory:
         self.close()
 
     # -- checks -----------------------------------------------------------
-    def check(self, gpa: int, length: int, *, write: bool = False, what: str = "access") -> None:
-        """Raise GuestFault unless [gpa, gpa+length) is guest memory (and writable)."""
-        if gpa < 0 or length < 0 or gpa + length > self.size or gpa + length < gpa:
+    def _at(self, gpa: int, length: int, access: int):
+        """pyvmm_guestmem_at, for any Python integers."""
+        if not (0 <= gpa < _U64_LIMIT and 0 <= length < _U64_LIMIT):
+            return ffi.NULL
+        return lib.pyvmm_guestmem_at(self.view, gpa, length, access)
+
+    def _checked(self, gpa: int, length: int, access: int, what: str):
+        """The host address of [gpa, gpa+length), or GuestFault."""
+        ptr = self._at(gpa, length, access)
+        if ptr != ffi.NULL:
+            return ffi.cast("uint8_t *", ptr)
+        if self._at(gpa, length, lib.PYVMM_GM_READ) == ffi.NULL:
             raise GuestFault(
                 f"guest fault: bad pointer in {what}: {gpa:#x}+{length:#x} is outside "
                 f"guest memory (size {self.size:#x})"
             )
-        if write and length and self.is_read_only(gpa, gpa + length):
-            raise GuestFault(
-                f"guest fault: bad pointer in {what}: {gpa:#x}+{length:#x} is read-only memory"
-            )
+        raise GuestFault(
+            f"guest fault: bad pointer in {what}: {gpa:#x}+{length:#x} is read-only memory"
+        )
+
+    def check(self, gpa: int, length: int, *, write: bool = False, what: str = "access") -> None:
+        """Raise GuestFault unless [gpa, gpa+length) is guest memory (and,
+        for ``write``, memory the host may write on the guest's behalf)."""
+        self._checked(gpa, length, lib.PYVMM_GM_WRITE if write else lib.PYVMM_GM_READ, what)
 
     def is_read_only(self, start: int, end: int) -> bool:
-        """Whether any byte of [start, end) was protected read-only."""
-        i = bisect.bisect_right(self._ro_starts, start) - 1
-        if i >= 0 and self._ro_ends[i] > start:
-            return True
-        j = i + 1
-        return j < len(self._ro_starts) and self._ro_starts[j] < end
+        """Whether any byte of [start, end), inside guest memory, is mapped read-only."""
+        length = end - start
+        return (
+            self._at(start, length, lib.PYVMM_GM_READ) != ffi.NULL
+            and self._at(start, length, lib.PYVMM_GM_SETUP) == ffi.NULL
+        )
 
     def read_only_ranges(self) -> list[tuple[int, int]]:
-        """The sorted [start, end) ranges the host must not write."""
-        return list(zip(self._ro_starts, self._ro_ends, strict=True))
+        """The sorted [start, end) ranges mapped read-only."""
+        return list(self._ro)
 
-    # -- access -----------------------------------------------------------
-    def struct(self, ctype: str, gpa: int, *, what: str = "access"):
-        """A cffi pointer to a ``ctype`` struct at ``gpa``, checked and writable."""
-        self.check(gpa, ffi.sizeof(ctype), write=True, what=what)
-        return ffi.cast(ctype + " *", self._base + gpa)
+    # -- access on the guest's behalf ---------------------------------------
+    def struct(self, ctype: str, gpa: int, *, what: str = "access", setup: bool = False):
+        """A cffi pointer to a ``ctype`` struct at ``gpa`` that the host may
+        write: on the guest's behalf, or with ``setup`` as the host's own
+        set-up (boot info) at an address pyvmm chose."""
+        access = lib.PYVMM_GM_SETUP if setup else lib.PYVMM_GM_WRITE
+        return ffi.cast(ctype + " *", self._checked(gpa, ffi.sizeof(ctype), access, what))
 
     def pointer(self, gpa: int, length: int, *, write: bool = True, what: str = "access"):
-        """A raw ``void *`` to [gpa, gpa+length), for C code (the IO thread).
-
-        ``write=False`` is for C code that only makes the kernel write there
-        (read(2) into a read-only page fails with EFAULT, harmlessly).
-        """
-        self.check(gpa, length, write=write, what=what)
-        return ffi.cast("void *", self._base + gpa)
+        """A raw ``void *`` to [gpa, gpa+length), for C code (the IO thread)."""
+        access = lib.PYVMM_GM_WRITE if write else lib.PYVMM_GM_READ
+        return ffi.cast("void *", self._checked(gpa, length, access, what))
 
     def buffer(self, gpa: int, length: int, *, write: bool = False, what: str = "access"):
         """A zero-copy buffer over guest memory (for os.write, readv, preadv)."""
-        self.check(gpa, length, write=write, what=what)
-        return ffi.buffer(self._base + gpa, length)
+        access = lib.PYVMM_GM_WRITE if write else lib.PYVMM_GM_READ
+        return ffi.buffer(self._checked(gpa, length, access, what), length)
 
     def read(self, gpa: int, length: int, *, what: str = "read") -> bytes:
         return bytes(self.buffer(gpa, length, what=what))
-
-    def write(self, gpa: int, data: bytes, *, what: str = "write") -> None:
-        self.buffer(gpa, len(data), write=True, what=what)[:] = data
 
     def read_cstring(self, gpa: int, limit: int, *, what: str = "string") -> bytes:
         """The NUL-terminated bytes at gpa, reading at most ``limit`` bytes."""
@@ -124,7 +147,13 @@ class GuestMemory:
         nul = raw.find(b"\0")
         return raw if nul < 0 else raw[:nul]
 
-    # -- protection -------------------------------------------------------
+    # -- the host's own set-up ----------------------------------------------
+    def write(self, gpa: int, data: bytes, *, what: str = "write") -> None:
+        """The host's own set-up write (page tables, boot info, segments) at
+        an address pyvmm chose; never for an address the guest supplied."""
+        ptr = self._checked(gpa, len(data), lib.PYVMM_GM_SETUP, what)
+        ffi.buffer(ptr, len(data))[:] = data
+
     def protect(self, gpa: int, length: int, prot: Protection) -> None:
         """Set host (and so guest) access rights of whole pages."""
         if gpa % PAGE_SIZE or length % PAGE_SIZE:
@@ -137,16 +166,17 @@ class GuestMemory:
             self._add_read_only(gpa, gpa + length)
 
     def _add_read_only(self, start: int, end: int) -> None:
-        ranges = list(zip(self._ro_starts, self._ro_ends, strict=True)) + [(start, end)]
-        ranges.sort()
         merged: list[tuple[int, int]] = []
-        for s, e in ranges:
+        for s, e in sorted(self._ro + [(start, end)]):
             if merged and s <= merged[-1][1]:
                 merged[-1] = (merged[-1][0], max(merged[-1][1], e))
             else:
                 merged.append((s, e))
-        self._ro_starts = [s for s, _ in merged]
-        self._ro_ends = [e for _, e in merged]
+        self._ro = merged
+        flat = ffi.new("uint64_t[]", [x for r in merged for x in r])
+        self._ro_arrays.append(flat)
+        self.view.ro = flat
+        self.view.n_ro = len(merged)
 
 
 def _strerror(err: int) -> str:

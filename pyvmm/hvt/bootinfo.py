@@ -60,13 +60,13 @@ class BootInfo:
         memory.write(mft_gpa, self.manifest)
         memory.write(cmdline_gpa, self.cmdline + b"\0")
         if self.host_features & lib.PYVMM_FEATURE_BOOT_EXT:
-            ext = memory.struct("struct pyvmm_boot_ext", lib.PYVMM_BOOT_EXT_GPA)
+            ext = memory.struct("struct pyvmm_boot_ext", lib.PYVMM_BOOT_EXT_GPA, setup=True)
             ext.magic = lib.PYVMM_BOOT_EXT_MAGIC
             ext.version = 1
             ext.shm_region = self.shm_region
             ext.shm_size = self.shm_size
             ext.shm_mode = self.shm_mode
-        info = memory.struct("struct hvt_boot_info", BOOT_INFO_GPA)
+        info = memory.struct("struct hvt_boot_info", BOOT_INFO_GPA, setup=True)
         info.mem_size = self.mem_size
         info.kernel_end = self.kernel_end
         info.cpu_cycle_freq = self.cpu_cycle_freq

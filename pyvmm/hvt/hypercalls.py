@@ -23,6 +23,7 @@ from pyvmm.devices.console import Console
 from pyvmm.devices.net.device import NetDevice
 from pyvmm.devices.net.shmstream import ShmStream
 from pyvmm.errors import GuestFault
+from pyvmm.hvt import fastpath
 from pyvmm.loader import DeviceType
 from pyvmm.memory import GuestMemory
 
@@ -85,40 +86,10 @@ class Hypercalls:
                 self.table |= kind.hypercalls(memory, {})
 
     def fast_path(self):
-        """These hypercalls as the C fast path sees them (csrc/hcfast.h).
-
-        It answers the clean cases of walltime, net_read, net_write,
-        block_read, block_write and (with no shmstream region, whose
-        wake-ups only Python follows) poll, and hands everything else back
-        to the handlers below, so both agree by construction on every error.
-        None when memory has more read-only ranges than it can hold (then
-        Python answers everything).
-        """
-        ranges = self.memory.read_only_ranges()
-        if len(ranges) > lib.PYVMM_FAST_MAX_RO:
-            return None
-        fp = ffi.new("struct pyvmm_fastpath *")
-        fp.mem = self.memory.host_addr
-        fp.mem_size = self.memory.size
-        fp.n_ro = len(ranges)
-        for i, (start, end) in enumerate(ranges):
-            fp.ro_start[i], fp.ro_end[i] = start, end
-        for handle in range(lib.PYVMM_FAST_MAX_HANDLES):
-            fp.net_fd[handle] = fp.blk_fd[handle] = -1
-        for handle, device in self.nets.items():
-            fp.net_fd[handle] = device.fileno()
-            fp.max_frame[handle] = device.max_frame
-        for handle, device in self.disks.items():
-            fp.blk_fd[handle] = device.fileno()
-            fp.blk_capacity[handle] = device.capacity
-            fp.blk_block_size[handle] = device.block_size
-        fp.poll = int(self.shm is None)
-        fp.n_poll = self._poll_nfds
+        """These hypercalls as the C fast path sees them (hvt/fastpath.py)."""
         handles = [-1] * self._poll_first + self._poll_handles
-        for i, handle in enumerate(handles):
-            fp.poll_fd[i] = self._poll_fds[i]
-            fp.poll_handle[i] = handle
-        return fp
+        poll = [(self._poll_fds[i], h) for i, h in enumerate(handles)]
+        return fastpath.build(self.memory, self.nets, self.disks, poll, self.shm)
 
     def walltime(self, gpa: int) -> None:
         arg = self.memory.struct("struct hvt_hc_walltime", gpa, what="walltime hypercall")

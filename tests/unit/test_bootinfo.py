@@ -21,7 +21,7 @@ def test_boot_info_manifest_and_cmdline_layout():
             cmdline=b"hello world",
         ).write(mem)
         assert gpa == 0x10000
-        info = mem.struct("struct hvt_boot_info", gpa)
+        info = mem.struct("struct hvt_boot_info", gpa, setup=True)
         assert info.mem_size == 4 << 20 and info.kernel_end == 0x104000
         assert info.cpu_cycle_freq == 2_000_000_000
         assert info.mft == 0x10080 and info.mft % 8 == 0
@@ -46,7 +46,7 @@ def test_boot_extension_is_written_with_its_feature_bit():
             shm_size=2 << 20,
             shm_mode=2,
         ).write(mem)
-        ext = mem.struct("struct pyvmm_boot_ext", lib.PYVMM_BOOT_EXT_GPA)
+        ext = mem.struct("struct pyvmm_boot_ext", lib.PYVMM_BOOT_EXT_GPA, setup=True)
         assert ext.magic == lib.PYVMM_BOOT_EXT_MAGIC and ext.version == 1
         assert (ext.shm_region, ext.shm_size, ext.shm_mode) == (6 << 20, 2 << 20, 2)
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from pyvmm._native import lib
 from pyvmm.devices.net.tap import TapBackend
 from pyvmm.loader import NetAttachment
-
-ETHERNET_HEADER = 14
 
 
 class NetDevice:
@@ -16,7 +15,7 @@ class NetDevice:
         self.mac = mac
         self.mtu = tap.mtu
         # The largest frame a guest may send: MTU plus the Ethernet header.
-        self.max_frame = self.mtu + ETHERNET_HEADER
+        self.max_frame = self.mtu + lib.HVT_ETH_HLEN
 
     def attachment(self) -> NetAttachment:
         return NetAttachment(mac=self.mac, mtu=self.mtu)

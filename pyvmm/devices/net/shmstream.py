@@ -10,7 +10,6 @@ Layout and protocol: csrc/shmstream.h, docs/abi.md, docs/modes.md.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from pyvmm._native import ffi, lib
@@ -76,7 +75,7 @@ class ShmLayout:
 
     def write(self, memory: GuestMemory) -> None:
         """The region header and each ring's info line, for the guest."""
-        region = memory.struct("struct shm_region", self.gpa, what="shmstream region")
+        region = memory.struct("struct shm_region", self.gpa, what="shmstream region", setup=True)
         region.magic = lib.SHM_MAGIC
         region.version = lib.SHM_VERSION
         region.ndevices = len(self.handles)
@@ -88,7 +87,7 @@ class ShmLayout:
             region.dev[i].rx = rx
             region.dev[i].tx = tx
             for gpa in (rx, tx):
-                ring = memory.struct("struct shm_ring", gpa, what="shmstream ring")
+                ring = memory.struct("struct shm_ring", gpa, what="shmstream ring", setup=True)
                 ring.slots = self.slots
                 ring.slot_size = lib.SHM_SLOT_SIZE
 
@@ -108,48 +107,43 @@ class ShmStream(IoService):
         self.nets = nets
         self._open(config, vm, lib.SHM_KICK_PIO, wake=True)
         try:
-            self._rx: dict[int, object] = {}
+            # What the poll hypercall needs, in C and Python alike.
+            self.poll_view = ffi.new("struct pyvmm_shm_poll *")
+            self.poll_view.io = self.io.native
+            self.poll_view.wake_fd = self.wake_fd
+            self.poll_view.n = len(layout.handles)
             for i, handle in enumerate(layout.handles):
                 device = nets[handle]
                 if device.max_frame > MAX_FRAME:
                     raise UsageError(
                         f"net device '{device.name}': tap MTU {device.mtu} is too large for "
-                        f"shmstream slots (at most {MAX_FRAME - 14})"
+                        f"shmstream slots (at most {MAX_FRAME - lib.HVT_ETH_HLEN})"
                     )
                 rx_gpa, tx_gpa = layout.rings(i)
                 rx = memory.pointer(rx_gpa, layout.ring_size, what="shmstream ring")
                 tx = memory.pointer(tx_gpa, layout.ring_size, what="shmstream ring")
-                self.io.add_port(device.fileno(), rx, tx, layout.slots)
-                self._rx[handle] = ffi.cast("struct shm_ring *", rx)
+                self.io.add_link(device.fileno(), rx, tx, layout.slots)
+                self.poll_view.rx[i] = ffi.cast("struct shm_ring *", rx)
+                self.poll_view.handle[i] = handle
         except BaseException:
             self.close()
             raise
 
     def ready_set(self) -> int:
-        """Handles whose RX ring holds frames the guest has not consumed.
-
-        Read-only and validated like everything the guest writes: an
-        impossible ``cons`` just counts as "ready", so the guest looks.
-        """
-        ready = 0
-        for handle, ring in self._rx.items():
-            if (ring.prod - ring.cons) & 0xFFFFFFFF:
-                ready |= 1 << handle
-        return ready
+        """Handles whose RX ring holds frames the guest has not consumed
+        (shm_poll_ready_set: only reads the rings; an impossible ``cons``
+        just counts as "ready", so the guest looks)."""
+        return lib.shm_poll_ready_set(self.poll_view)
 
     def drain_wake(self) -> None:
         """Re-arm the IO thread's wake-up and clear a stale one; the caller
         looks at the rings afterwards, so nothing published after the
-        re-arm can be missed."""
-        self.io.arm_wake()
-        try:
-            os.eventfd_read(self.wake_fd)
-        except BlockingIOError:
-            pass
+        re-arm can be missed (shm_poll_drain_wake)."""
+        lib.shm_poll_drain_wake(self.poll_view)
 
     def counters(self) -> dict:
         devices = {
-            self.nets[handle].name: self.io.port_counters(i)
+            self.nets[handle].name: self.io.link_counters(i)
             for i, handle in enumerate(self.layout.handles)
         }
         return {"mode": self.config.mode, "thread": self.io.thread_counters(), "devices": devices}

@@ -35,9 +35,9 @@ class Solo5RingService(IoService):
         self._open(config, vm, lib.HVT_RING_KICK_PIO, wake=False)
         try:
             ring = memory.pointer(gpa, ffi.sizeof("struct solo5_ring"), what="Solo5 ring")
-            self.io.serve_solo5_ring(ring, memory.pointer(0, usable, write=False), usable)
+            self.io.serve_solo5_ring(ring, memory.view, usable)
             for handle, device in nets.items():
-                self.io.attach_solo5(handle, device.fileno())
+                self.io.attach_solo5(handle, device.fileno(), device.max_frame)
         except BaseException:
             self.close()
             raise

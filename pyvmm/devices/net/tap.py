@@ -29,7 +29,7 @@ _T = TypeVar("_T")
 
 TUN_PATH = "/dev/net/tun"
 IFNAMSIZ = 16
-ETH_HLEN = 14
+ETH_HLEN = lib.HVT_ETH_HLEN
 
 # Generic Linux ioctl encoding, identical on x86_64 and aarch64.
 _IOC_WRITE, _IOC_READ = 1, 2

@@ -1,0 +1,54 @@
+/*
+ * One view of guest memory for every piece of C that touches it on a
+ * guest's behalf (the hypercall fast path, the IO thread's Solo5-ring
+ * service) and for Python's GuestMemory, which builds the view (it owns
+ * the mapping) and checks every guest address through the same accessor.
+ *
+ * The rule, written once (guestmem.c):
+ *   - every access: [gpa, gpa + len) lies inside guest memory;
+ *   - a write on the guest's behalf (PYVMM_GM_WRITE: a hypercall result,
+ *     a frame read into a guest buffer): also nowhere in the low area
+ *     [0, low_end) (boot info, command line, manifest copy, GDT, page
+ *     tables, TSS: the guest could rewrite its own page tables through the
+ *     host) and nowhere in a read-only range (the ELF's text and rodata,
+ *     mapped read-only on the host too);
+ *   - the host's own set-up write (PYVMM_GM_SETUP: page tables, boot
+ *     info, segments, at addresses pyvmm chose): nowhere in a read-only
+ *     range (the host mapping is read-only there: the write would kill
+ *     pyvmm), but the low area is the host's to fill;
+ *   - reads (PYVMM_GM_READ: a frame to send, a string to print) may come
+ *     from anywhere in guest memory, the low area included: the guest can
+ *     read it anyway.
+ * An empty range is checked against the bounds only.
+ *
+ * Read by cffi: plain types, integer-literal #defines only.
+ */
+#ifndef PYVMM_GUESTMEM_H
+#define PYVMM_GUESTMEM_H
+
+#include <stdint.h>
+
+/* End of the low area (hvt's boot info and pyvmm's tables): the guest
+ * image starts here (HVT_GUEST_MIN_BASE). */
+#define PYVMM_LOW_AREA_END 0x100000
+
+#define PYVMM_GM_READ 0
+#define PYVMM_GM_WRITE 1
+#define PYVMM_GM_SETUP 2
+
+struct pyvmm_guestmem {
+    uint64_t host;          /* host address of GPA 0; 0 once unmapped */
+    uint64_t size;          /* bytes of guest memory */
+    uint64_t low_end;       /* writes on the guest's behalf refused below */
+    /* Sorted, non-overlapping [ro[2i], ro[2i+1]) GPA ranges mapped
+     * read-only (never written by the host); owned by GuestMemory. */
+    uint64_t n_ro;
+    const uint64_t *ro;
+};
+
+/* The host address of [gpa, gpa + len) for access PYVMM_GM_*, or NULL
+ * when the rule above refuses it. */
+void *pyvmm_guestmem_at(const struct pyvmm_guestmem *m, uint64_t gpa, uint64_t len,
+                        int access);
+
+#endif

@@ -1,0 +1,197 @@
+/* The IO thread's Solo5-ring service (iothread_internal.h, solo5_ring.h,
+ * docs/abi.md "Solo5's ring I/O"). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stddef.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "iothread_internal.h"
+#include "shmstream_ring.h"
+#include "static_check.h"
+
+/* solo5_ring.h sizes its arrays and pads with literals, for cffi. */
+PYVMM_ARRAY_LEN_IS(struct solo5_ring, ent, SOLO5_RING_ENTRIES);
+PYVMM_ARRAY_LEN_IS(struct solo5_ring, com, SOLO5_RING_ENTRIES);
+_Static_assert(offsetof(struct solo5_ring, ent_head) == 64 &&
+               offsetof(struct solo5_ring, ent) == 128 &&
+               sizeof(struct solo5_ring_entry) == 32 && sizeof(struct solo5_ring_commit) == 16,
+               "solo5_ring layout (docs/abi.md)");
+
+/* Frames a backend attached without a limit may carry (test rigs). */
+#define SOLO5_ANY_FRAME 65535
+
+/*
+ * A read: one frame into the guest's buffer, or AGAIN.  As the net_read
+ * hypercall (hcfast.c), a frame longer than the buffer is dropped and
+ * counted, never committed cut short; after IO_BATCH such drops the read
+ * is answered AGAIN so the other submissions get their turn.
+ */
+static int32_t ring_read(struct solo5_link *s, int fd, uint8_t *buf, uint32_t size,
+                         uint32_t *len)
+{
+    uint8_t overflow;
+    int drops = 0;
+
+    for (;;) {
+        struct iovec iov[2] = { { buf, size }, { &overflow, 1 } };
+        ssize_t n = readv(fd, iov, 2);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN) {
+            s->c.reads_again++;
+            return HVT_RET_AGAIN;
+        }
+        if (n < 0)
+            return HVT_RET_EUNSPEC;
+        if ((uint64_t)n > size) {
+            s->c.read_drops_oversize++;
+            if (++drops < IO_BATCH)
+                continue;
+            s->c.reads_again++;
+            return HVT_RET_AGAIN;
+        }
+        *len = (uint32_t)n;
+        s->c.reads++;
+        s->c.read_bytes += (uint64_t)n;
+        return HVT_RET_OK;
+    }
+}
+
+/*
+ * Take submissions in order; writes go to the tap, reads are answered at
+ * once with a commit (a frame or AGAIN), as the guest spins for it.
+ * Everything in an entry is copied once before it is checked; every
+ * buffer goes through the guest-memory view (guestmem.h): a read (the
+ * host writes) into the low area or a read-only range is a bad entry,
+ * committed EINVAL, like one outside memory.
+ */
+int io_solo5_service(struct solo5_link *s)
+{
+    struct solo5_ring *r = s->ring;
+    uint32_t avail = shm_load_acquire(&r->ent_tail) - s->ent_head;
+    uint32_t committed = 0;
+    int done = 0;
+
+    if (avail > SOLO5_RING_ENTRIES) {
+        s->c.bad_index++;
+        return 0;
+    }
+    while (avail-- && done < IO_BATCH) {
+        struct solo5_ring_entry e;
+        uint8_t *buf;
+        int fd;
+
+        memcpy(&e, (const void *)&r->ent[s->ent_head % SOLO5_RING_ENTRIES], sizeof(e));
+        if (e.operation == SOLO5_RING_OP_READ) {
+            uint32_t used = s->com_tail - shm_load_acquire(&r->com_head);
+            if (used > SOLO5_RING_ENTRIES) {
+                s->c.bad_index++;
+                s->stalled = 1;
+                break;
+            }
+            if (used == SOLO5_RING_ENTRIES) {
+                s->c.commit_stalls++;
+                s->stalled = 1;
+                break;
+            }
+        }
+        fd = e.handle < MFT_MAX_ENTRIES ? s->fd[e.handle] : -1;
+        if (e.operation == SOLO5_RING_OP_WRITE) {
+            buf = e.len ? pyvmm_guestmem_at(&s->mem, e.data, e.len, PYVMM_GM_READ) : NULL;
+            if (fd < 0 || !buf || e.len > s->max_frame[e.handle]) {
+                s->c.bad_entries++;
+            } else if (write(fd, buf, e.len) >= 0) {
+                s->c.writes++;
+                s->c.write_bytes += e.len;
+            }
+        } else if (e.operation == SOLO5_RING_OP_READ) {
+            struct solo5_ring_commit *c = &r->com[s->com_tail % SOLO5_RING_ENTRIES];
+            int32_t ret = HVT_RET_EINVAL;
+            uint32_t len = 0;
+            buf = e.len ? pyvmm_guestmem_at(&s->mem, e.data, e.len, PYVMM_GM_WRITE) : NULL;
+            if (fd >= 0 && buf)
+                ret = ring_read(s, fd, buf, e.len, &len);
+            else
+                s->c.bad_entries++;
+            c->id = e.id;
+            c->ret = ret;
+            c->len = len;
+            c->reserved = 0;
+            s->com_tail++;
+            committed++;
+        } else {
+            s->c.bad_entries++;
+        }
+        s->ent_head++;
+        done++;
+    }
+    if (done)
+        shm_store_release(&r->ent_head, s->ent_head);
+    if (committed)
+        shm_store_release(&r->com_tail, s->com_tail);
+    return done;
+}
+
+int io_solo5_prepare_sleep(struct solo5_link *s)
+{
+    struct solo5_ring *r = s->ring;
+    uint32_t pending;
+
+    __atomic_store_n(&r->needs_kick, 1, __ATOMIC_RELAXED);
+    shm_full_fence();
+    /* Only work that can progress keeps us awake: an impossible ent_tail,
+     * or reads waiting for commit room (the guest kicks again once it has
+     * consumed commits), must not make this thread spin. */
+    pending = shm_load_acquire(&r->ent_tail) - s->ent_head;
+    return !(pending != 0 && pending <= SOLO5_RING_ENTRIES && !s->stalled);
+}
+
+void io_solo5_awake(struct solo5_link *s)
+{
+    __atomic_store_n(&s->ring->needs_kick, 0, __ATOMIC_RELAXED);
+}
+
+int io_set_solo5_ring_view(struct iothread *io, void *ring, const struct pyvmm_guestmem *mem,
+                           uint64_t usable)
+{
+    int i;
+
+    if (io->started)
+        return -EBUSY;
+    io->s5.ring = ring;
+    io->s5.mem = *mem;
+    if (usable < io->s5.mem.size)
+        io->s5.mem.size = usable;
+    for (i = 0; i < MFT_MAX_ENTRIES; i++)
+        io->s5.fd[i] = -1;
+    io->s5.ent_head = io->s5.ring->ent_head;
+    io->s5.com_tail = io->s5.ring->com_tail;
+    return 0;
+}
+
+int io_set_solo5_ring(struct iothread *io, void *ring, void *mem, uint64_t mem_size)
+{
+    struct pyvmm_guestmem view = { .host = (uintptr_t)mem, .size = mem_size };
+    return io_set_solo5_ring_view(io, ring, &view, mem_size);
+}
+
+int io_solo5_attach_tap(struct iothread *io, uint32_t handle, int backend_fd, uint32_t max_frame)
+{
+    if (io->started || !io->s5.ring || handle >= MFT_MAX_ENTRIES)
+        return -EINVAL;
+    io->s5.fd[handle] = backend_fd;
+    io->s5.max_frame[handle] = max_frame;
+    return 0;
+}
+
+int io_solo5_attach(struct iothread *io, uint32_t handle, int backend_fd)
+{
+    return io_solo5_attach_tap(io, handle, backend_fd, SOLO5_ANY_FRAME);
+}
+
+struct solo5_ring_counters *io_solo5_counters(struct iothread *io)
+{
+    return &io->s5.c;
+}
