@@ -12,7 +12,7 @@ from elfbuild import (
     manifest_desc,
     manifest_note,
 )
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from pyvmm._native import ffi, lib
@@ -250,21 +250,68 @@ def test_attachments_refuse_values_the_abi_cannot_carry(make) -> None:
         make()
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    count=st.integers(min_value=0, max_value=70),
-    entries=st.lists(
-        st.tuples(st.binary(max_size=70), st.sampled_from([0, 1, 2, 3, RESERVED, 0xFFFFFFFF])),
-        max_size=5,
-    ),
-    tail=st.binary(max_size=16),
-)
-def test_parse_never_raises_anything_but_loader_error(count, entries, tail) -> None:
-    desc = manifest_desc(entries, count=count) + tail
-    try:
-        m = Manifest.parse(desc, "fuzz.hvt")
-    except LoaderError as e:
-        assert str(e).startswith("fuzz.hvt: invalid manifest: ")
-        return
-    names = [e.name for e in m.devices()]
-    assert len(set(names)) == len(names) and all(n.isalnum() and n.isascii() for n in names)
+_VALID_NAMES = st.text(
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", min_size=1, max_size=67
+).map(str.encode)
+_ANY_NAMES = st.one_of(_VALID_NAMES, st.binary(max_size=70))
+_ANY_TYPES = st.sampled_from([NET, BLOCK, 0, 3, RESERVED, 0xFFFFFFFF])
+
+
+@st.composite
+def manifests(draw) -> tuple[bytes, bool]:
+    """A manifest descriptor, and whether it follows the rules (reserved
+    entry 0, valid unique names, known types, an honest count and size).
+    Half are drawn by the rules, half from anything (mostly invalid)."""
+    honest = draw(st.booleans())
+    if honest:
+        devs = draw(
+            st.lists(
+                st.tuples(_VALID_NAMES, st.sampled_from([NET, BLOCK])),
+                max_size=5,
+                unique_by=lambda e: e[0],
+            )
+        )
+        entries, count, tail = [(b"", RESERVED), *devs], None, b""
+    else:
+        entries = [(b"", RESERVED)] + draw(st.lists(st.tuples(_ANY_NAMES, _ANY_TYPES), max_size=5))
+        if draw(st.integers(0, 4)) == 0:
+            entries[0] = draw(st.tuples(_ANY_NAMES, _ANY_TYPES))
+        count = draw(st.one_of(st.none(), st.integers(0, 70)))
+        tail = draw(st.one_of(st.just(b""), st.binary(min_size=1, max_size=16)))
+    names = [name for name, _ in entries[1:]]
+    valid = (
+        entries[0] == (b"", RESERVED)
+        and all(t in (NET, BLOCK) for _, t in entries[1:])
+        and all(n.isascii() and n.isalnum() and len(n) <= 67 for n in names)
+        and len(set(names)) == len(names)
+        and count in (None, len(entries))
+        and not tail
+    )
+    return manifest_desc(entries, count=count) + tail, valid
+
+
+def test_parse_accepts_exactly_the_valid_and_raises_only_loader_error() -> None:
+    """Property: a manifest built by the rules parses; any other raises
+    LoaderError with the manifest prefix, never anything else. The strategy
+    keeps both kinds common: at least a quarter of the examples each."""
+    seen = {True: 0, False: 0}
+
+    @settings(max_examples=300, deadline=None, database=None)
+    @given(manifests())
+    def check(case: tuple[bytes, bool]) -> None:
+        desc, valid = case
+        seen[valid] += 1
+        event("valid" if valid else "invalid")
+        try:
+            m = Manifest.parse(desc, "fuzz.hvt")
+        except LoaderError as e:
+            assert str(e).startswith("fuzz.hvt: invalid manifest: ")
+            assert not valid, f"a valid manifest was refused: {e}"
+            return
+        assert valid, "an invalid manifest was accepted"
+        names = [e.name for e in m.devices()]
+        assert len(set(names)) == len(names) and all(n.isalnum() and n.isascii() for n in names)
+
+    check()
+    total = seen[True] + seen[False]
+    assert seen[True] >= total // 4 and seen[False] >= total // 4, seen
