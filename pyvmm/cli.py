@@ -25,10 +25,12 @@ usage: pyvmm [OPTIONS] [--] KERNEL [ARGS...]
 
 Run a Solo5 hvt unikernel on KVM. Options (solo5-hvt compatible):
   --mem=N                       guest memory in MiB (default {DEFAULT_MEM_MIB})
-{{device_options}}  --cpl=auto|0|3                privilege level of the guest: 3 (user mode,
-                                native speed on PVM hosts) needs a guest that
-                                declares it; auto picks 3 for such a guest on
-                                a PVM host, else 0 (default auto)
+{{device_options}}  --cpl=auto|0|3|deprivileged   privilege level of the guest: 0 as solo5-hvt;
+                                3 (user mode, native speed on PVM hosts) for
+                                a guest that declares it; deprivileged runs
+                                any other guest at 3, trapping and emulating
+                                its privileged instructions; auto picks 3 or
+                                deprivileged on a PVM host, else 0 (default)
   --shm=off|poll|event|hybrid   shmstream ring networking for guests with a
                                 shmstream driver: the IO thread's mode
                                 (default event; off = plain hypercalls)
@@ -55,6 +57,7 @@ Everything after KERNEL is the guest's command line.
 _NAMED = re.compile(r"^--([a-z-]+):([^=]*)=(.*)$")
 _SHORT = re.compile(r"^--([a-z-]+)=(.*)$")
 _HELP_COLUMN = 32
+CPL_VALUES = ("auto", "0", "3", "deprivileged")
 _NAME_OK = re.compile(r"^[A-Za-z0-9]{1,67}$")
 
 
@@ -123,8 +126,8 @@ def parse_args(argv: list[str]) -> VmConfig | str:
             config.stats = True
         elif arg.startswith("--cpl="):
             value = arg[len("--cpl=") :]
-            if value not in ("auto", "0", "3"):
-                raise UsageError(f"--cpl: '{value}' is not one of auto, 0, 3")
+            if value not in CPL_VALUES:
+                raise UsageError(f"--cpl: '{value}' is not one of {', '.join(CPL_VALUES)}")
             config.cpl = value
         elif (match := _NAMED.match(arg)) and match.group(1) in devices:
             _device_option(arg, *match.groups(), devices, config)
@@ -204,7 +207,12 @@ def version_text() -> str:
         ),
         f"ioeventfd: {yes(info.ioeventfd)}, stats fd: {yes(info.stats_fd)}, "
         f"read-only memslots: {yes(info.readonly_mem)}, TSC: {tsc}",
-        f"--cpl=auto runs user-mode capable guests at CPL {info.default_cpl}",
+        "--cpl=auto runs "
+        + (
+            "user-mode capable guests at CPL 3, others deprivileged (CPL 3, trap and emulate)"
+            if info.flavour == "pvm"
+            else "guests at CPL 0"
+        ),
     ]
     return "\n".join(lines)
 

@@ -19,11 +19,6 @@ class HostInfo:
     readonly_mem: bool
     cycle_freq: int | None
 
-    @property
-    def default_cpl(self) -> int:
-        """The level --cpl=auto gives a guest that declares user mode."""
-        return 3 if self.flavour == "pvm" else 0
-
 
 def cycle_freq(system: System) -> int | None:
     """The guest cycle counter's frequency in Hz (needs a throw-away VM),

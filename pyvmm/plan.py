@@ -36,7 +36,8 @@ class Plan:
     mem_size: int
     #: What the guest may use (boot_info.mem_size): below any ring area.
     usable: int
-    cpl: int
+    #: How the guest's code runs (pyvmm.arch.MODES).
+    mode: str
     #: Every device to attach, matched to the manifest, in manifest order.
     devices: list[tuple[DeviceKind, Request]]
     #: "off" or the IO thread mode serving a shmstream region.
@@ -45,6 +46,11 @@ class Plan:
     #: Where Solo5's own ring lives, when the guest gets it.
     solo5_ring_gpa: int | None
     io: IoConfig
+
+    @property
+    def cpl(self) -> int:
+        """The privilege level the guest's code really runs at."""
+        return self.arch.modes[self.mode]
 
     @property
     def stack_top(self) -> int:
@@ -87,7 +93,7 @@ def make_plan(config: VmConfig, *, machine: str, flavour: str, load: KernelLoade
         cmdline=cmdline,
         mem_size=mem_size,
         usable=usable,
-        cpl=choose_cpl(config.cpl, kernel, flavour),
+        mode=choose_mode(config.cpl, kernel, flavour),
         devices=devices,
         shm_mode=shm_mode,
         shm_layout=layout,
@@ -107,25 +113,31 @@ def guest_memory_size(mem_mib: int) -> int:
     return size
 
 
-def choose_cpl(requested: str, kernel: Kernel, flavour: str) -> int:
-    """The privilege level to run the guest at.
+def choose_mode(requested: str, kernel: Kernel, flavour: str) -> str:
+    """How to run the guest's code (--cpl; pyvmm.arch.MODES).
 
-    Level 3 runs natively under kvm_pvm, where level 0 is emulated about a
-    thousand times slower (docs/pvm.md); only a guest that declares it can
-    run in user mode (pyvmm's CAP1 note) may get it. Unmodified Solo5
-    unikernels never do.
+    On a PVM host, code at privilege level 0 is emulated about a thousand
+    times slower than level 3 runs (docs/pvm.md), so ``auto`` runs every
+    guest at level 3 there: a guest that declares it can (pyvmm's CAP1
+    note) directly in user mode, any other deprivileged, its privileged
+    instructions trapped and emulated. Elsewhere ``auto`` is level 0, as
+    solo5-hvt runs it.
     """
     can = kernel.capabilities.user_mode
     if requested == "3":
         if not can:
             raise UsageError(
                 f"--cpl=3: {kernel.path} does not declare that it can run in user mode "
-                "(no pyvmm capability note)"
+                "(no pyvmm capability note; --cpl=deprivileged runs it at level 3 anyway)"
             )
-        return 3
+        return "user"
     if requested == "0":
-        return 0
-    return 3 if can and flavour == "pvm" else 0
+        return "kernel"
+    if requested == "deprivileged":
+        return "deprivileged"
+    if flavour != "pvm":
+        return "kernel"
+    return "user" if can else "deprivileged"
 
 
 def choose_shm(requested: str | None, kernel: Kernel, has_nets: bool) -> str:

@@ -75,6 +75,8 @@ def tap_drops(devices: list[Any], fast_path: Any) -> dict[str, int] | None:
 def report(
     *,
     cpl: int,
+    mode: str,
+    traps: dict[str, int] | None,
     exits: ExitCounters,
     transport: str,
     vcpu_cpu_ns: int,
@@ -86,9 +88,12 @@ def report(
     """The whole counter set of a run (keys as documented for --stats)."""
     out: dict[str, Any] = {
         "cpl": cpl,
+        "privilege": mode,
         "exits_to_pyvmm": exits_to_pyvmm(exits, fast_path, transport),
         "vcpu_thread_cpu_ns": vcpu_cpu_ns,
     }
+    if traps is not None:
+        out["traps"] = traps
     if fast_path is not None:
         out["hypercalls_in_c"] = fast_path_counters(fast_path)
     drops = tap_drops(devices, fast_path)

@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from pyvmm._native import lib
+from pyvmm.arch import ExitHandler
 from pyvmm.config import VmConfig
 from pyvmm.devices import Device, DeviceKind
 from pyvmm.devices.console import Console
@@ -58,6 +59,7 @@ class Vmm:
         self.fast_path = None
         self.hypercalls: Hypercalls | None = None
         self.kvm_stats: KvmStats | None = None
+        self.exit_handler: ExitHandler | None = None
         self.net_service: tuple[str, ShmStream | Solo5RingService] | None = None
         self.devices: list[tuple[DeviceKind, Device]] = []
         self.elapsed = 0.0
@@ -87,7 +89,7 @@ class Vmm:
         self.memory = memory = stack.enter_context(GuestMemory(plan.mem_size))
         vm.set_memory(0, 0, plan.mem_size, memory.host_addr)
         regions = [(r.start, r.start + r.length, r.protection) for r in page_protections(kernel)]
-        plan.arch.prepare_memory(memory, regions, plan.cpl)
+        plan.arch.prepare_memory(memory, regions, plan.mode)
         place(kernel, memory)
         self.vcpu = vcpu = vm.create_vcpu(0)
         self.kvm_stats = KvmStats.open(vcpu.fd)
@@ -108,8 +110,9 @@ class Vmm:
             entry=kernel.image.entry,
             stack=plan.stack_top,
             boot_info=boot_info,
-            cpl=plan.cpl,
+            mode=plan.mode,
         )
+        self.exit_handler = plan.arch.exit_handler(plan.mode, vcpu, memory)
         self.stop_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         stack.callback(os.close, self.stop_fd)
         self._register_null_kick()
@@ -190,6 +193,8 @@ class Vmm:
         """Everything pyvmm counts, for --stats and for benchmarks."""
         return report(
             cpl=self.plan.cpl,
+            mode=self.plan.mode,
+            traps=self.exit_handler.counters() if self.exit_handler is not None else None,
             exits=self.exits,
             transport=self.plan.arch.hypercall_exit.__name__,
             vcpu_cpu_ns=self.vcpu_cpu_ns,
@@ -204,6 +209,7 @@ class Vmm:
         fast_path = self.fast_path
         table = self.hypercalls.table
         hypercall = self.plan.arch.hypercall
+        arch_answers = self.exit_handler.handle if self.exit_handler is not None else None
         count = self.exits.count
         while True:
             exit = vcpu.run(fast_path)
@@ -217,6 +223,9 @@ class Vmm:
                 if lib.pyvmm_stop_signal():
                     raise Stopped(lib.pyvmm_stop_signal())
             elif type(exit) is Interrupted:
+                if lib.pyvmm_stop_signal():
+                    raise Stopped(lib.pyvmm_stop_signal())
+            elif arch_answers is not None and arch_answers(exit):
                 if lib.pyvmm_stop_signal():
                     raise Stopped(lib.pyvmm_stop_signal())
             else:

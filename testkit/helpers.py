@@ -98,5 +98,5 @@ def with_abi_version(src: Path, dst: Path, version: int) -> Path:
 
 # -- command-line values -------------------------------------------------------------
 
-BAD_CPL = "2"  # neither auto, 0 nor 3
-BAD_CPL_MESSAGE = f"pyvmm: --cpl: '{BAD_CPL}' is not one of auto, 0, 3"
+BAD_CPL = "2"  # neither auto, 0, 3 nor deprivileged
+BAD_CPL_MESSAGE = f"pyvmm: --cpl: '{BAD_CPL}' is not one of auto, 0, 3, deprivileged"

@@ -1,6 +1,7 @@
 """The user-mode (CPL 3) profile: chosen automatically on PVM hosts for
-guests that declare it, never for unmodified Solo5 unikernels, and much
-faster than CPL 0 where KVM emulates level-0 code."""
+guests that declare it (unmodified Solo5 unikernels run deprivileged there
+instead: tests/test_deprivileged.py), and much faster than CPL 0 where KVM
+emulates level-0 code."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from conftest import guest, run_pyvmm
 from pyvmm.loader import load_kernel
-from pyvmm.plan import choose_cpl
+from pyvmm.plan import choose_mode
 from testkit.helpers import BAD_CPL, BAD_CPL_MESSAGE
 
 pytestmark = pytest.mark.kvm
@@ -30,13 +31,14 @@ def test_auto_picks_user_mode_on_pvm_for_declaring_guest():
     assert f"cpl: {expected}" in result.stdout.splitlines()
 
 
-def test_choose_cpl_rules(tmp_path):
+def test_choose_mode_rules(tmp_path):
     declaring = load_kernel(str(guest("hello")), "x86_64")
     assert declaring.capabilities.user_mode
-    assert choose_cpl("auto", declaring, "pvm") == 3
-    assert choose_cpl("auto", declaring, "intel-vmx") == 0
-    assert choose_cpl("0", declaring, "pvm") == 0
-    assert choose_cpl("3", declaring, "intel-vmx") == 3
+    assert choose_mode("auto", declaring, "pvm") == "user"
+    assert choose_mode("auto", declaring, "intel-vmx") == "kernel"
+    assert choose_mode("0", declaring, "pvm") == "kernel"
+    assert choose_mode("3", declaring, "intel-vmx") == "user"
+    assert choose_mode("deprivileged", declaring, "intel-vmx") == "deprivileged"
 
 
 def test_guest_without_note_never_gets_user_mode(tmp_path):
@@ -47,8 +49,9 @@ def test_guest_without_note_never_gets_user_mode(tmp_path):
     path.write_bytes(bytes(blob))
     kernel = load_kernel(str(path), "x86_64")
     assert not kernel.capabilities.user_mode
-    assert choose_cpl("auto", kernel, "pvm") == 0
-    result = run_pyvmm(path)
+    assert choose_mode("auto", kernel, "pvm") == "deprivileged"
+    assert choose_mode("auto", kernel, "amd-svm") == "kernel"
+    result = run_pyvmm("--cpl=0", path)
     assert result.returncode == 0 and "cpl: 0" in result.stdout.splitlines()
     refused = run_pyvmm("--cpl=3", path)
     assert refused.returncode == 1

@@ -26,6 +26,20 @@ if TYPE_CHECKING:
 # platform.machine() spelling -> module under pyvmm/arch/ (written ones only).
 ARCHES = {"x86_64": "x86_64"}
 
+#: How the guest's code runs: "kernel" at its own privilege level as
+#: solo5-hvt runs it; "user" deprivileged by its own declaration (pyvmm's
+#: CAP1 note: it executes nothing privileged); "deprivileged" an unmodified
+#: kernel-mode guest run in user mode, its privileged instructions trapped
+#: and emulated (docs/pvm.md).
+MODES = ("kernel", "user", "deprivileged")
+
+
+class ExitHandler(Protocol):
+    def handle(self, exit: VcpuExit) -> bool:
+        """True when this exit was answered and the guest may go on."""
+
+    def counters(self) -> dict[str, int]: ...
+
 
 class Arch(Protocol):
     """One architecture's part of a run (see docs/architecture.md)."""
@@ -35,15 +49,22 @@ class Arch(Protocol):
     #: The exit type that carries hypercalls (counted by name in --stats).
     hypercall_exit: type
 
+    #: Privilege modes this architecture offers (MODES below), with the
+    #: privilege level the guest's code actually runs at in each.
+    modes: dict[str, int]
+
     def prepare_memory(
-        self, memory: GuestMemory, regions: list[tuple[int, int, Protection]], cpl: int
+        self, memory: GuestMemory, regions: list[tuple[int, int, Protection]], mode: str
     ) -> None:
         """Write what the guest needs at entry besides the ELF image (tables)."""
 
     def setup_vcpu(
-        self, system: System, vcpu: Vcpu, *, entry: int, stack: int, boot_info: int, cpl: int
+        self, system: System, vcpu: Vcpu, *, entry: int, stack: int, boot_info: int, mode: str
     ) -> None:
         """Registers and CPU state at entry, as the hvt ABI says."""
+
+    def exit_handler(self, mode: str, vcpu: Vcpu, memory: GuestMemory) -> ExitHandler | None:
+        """What answers the exits a mode adds (deprivileged mode's traps)."""
 
     def cycle_freq(self, vcpu: Vcpu) -> int:
         """The guest's cycle counter frequency in Hz (boot info)."""

@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pyvmm._native import lib
-from pyvmm.arch.x86_64 import cpu, faults
+from pyvmm.arch.x86_64 import cpu, faults, traps
 from pyvmm.arch.x86_64.boot import *  # noqa: F403  (the layout, for tests and docs)
-from pyvmm.arch.x86_64.boot import setup_memory
+from pyvmm.arch.x86_64.boot import PROFILES, setup_memory
 from pyvmm.kvm import IoOut
 
 if TYPE_CHECKING:
+    from pyvmm.arch import ExitHandler
     from pyvmm.errors import GuestFault
     from pyvmm.kvm import System, Vcpu, VcpuExit, Vm
     from pyvmm.memory import GuestMemory, Protection
@@ -27,16 +28,20 @@ HYPERCALL_MAX = lib.HVT_HYPERCALL_MAX
 class X86_64:
     machine = "x86_64"
     hypercall_exit = IoOut
+    modes = {name: profile.cpl for name, profile in PROFILES.items()}
 
     def prepare_memory(
-        self, memory: GuestMemory, regions: list[tuple[int, int, Protection]], cpl: int
+        self, memory: GuestMemory, regions: list[tuple[int, int, Protection]], mode: str
     ) -> None:
-        setup_memory(memory, regions, cpl)
+        setup_memory(memory, regions, mode)
 
     def setup_vcpu(
-        self, system: System, vcpu: Vcpu, *, entry: int, stack: int, boot_info: int, cpl: int
+        self, system: System, vcpu: Vcpu, *, entry: int, stack: int, boot_info: int, mode: str
     ) -> None:
-        cpu.setup_vcpu(system, vcpu, entry=entry, stack=stack, boot_info=boot_info, cpl=cpl)
+        cpu.setup_vcpu(system, vcpu, entry=entry, stack=stack, boot_info=boot_info, cpl=mode)
+
+    def exit_handler(self, mode: str, vcpu: Vcpu, memory: GuestMemory) -> ExitHandler | None:
+        return traps.emulator(mode, vcpu, memory)
 
     def cycle_freq(self, vcpu: Vcpu) -> int:
         return cpu.tsc_khz(vcpu) * 1000

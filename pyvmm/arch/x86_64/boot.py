@@ -37,7 +37,15 @@ PT_BASE = 0x8000
 EXTRA_PT_BASE = 0x20000
 EXTRA_PT_END = 0x100000
 LOW_ABSENT_END = 0x10000
-LOW_READONLY_END = 0x100000
+LOW_READONLY_END = lib.PYVMM_LOW_AREA_END
+# Deprivileged mode only (docs/pvm.md): pyvmm's GDT, IDT and trap stubs on
+# one page, its trap stack on the next, both supervisor-only so the guest
+# (at CPL 3) can neither read nor write them. Free low-area pages: the boot
+# info, manifest copy and command line end below 0x14000, the TSS starts at
+# PYVMM_TSS_BASE.
+TRAP_TABLES = 0x1A000
+TRAP_STACK = 0x1B000
+TRAP_STACK_TOP = TRAP_STACK + PAGE
 
 # Page-table entry bits.
 PTE_P = 1 << 0
@@ -108,8 +116,10 @@ TSS_IOMAP_SIZE = 65536 // 8
 TSS_LIMIT = TSS_SIZE + TSS_IOMAP_SIZE  # inclusive: covers the 0xff byte
 
 
-def tss_bytes() -> bytes:
+def tss_bytes(rsp0: int = 0) -> bytes:
+    """The TSS; ``rsp0`` is the stack a trap from CPL 3 switches to."""
     tss = bytearray(TSS_LIMIT + 1)
+    struct.pack_into("<Q", tss, 4, rsp0)
     struct.pack_into("<H", tss, 102, TSS_SIZE)  # I/O map base
     tss[-1] = 0xFF
     return bytes(tss)
@@ -132,11 +142,17 @@ def _pte(addr: int, prot: Protection, us: int) -> int:
     return entry
 
 
-def page_tables(regions: list[tuple[int, int, Protection]], user: bool = False) -> dict[int, bytes]:
+def page_tables(
+    regions: list[tuple[int, int, Protection]],
+    user: bool = False,
+    private: dict[int, Protection] | None = None,
+) -> dict[int, bytes]:
     """Identity map of 4 GiB: {guest address: table bytes}.
 
     ``regions`` are page-aligned [start, end) ranges with their protection
     (the loaded ELF segments); memory outside them is read/write, no-exec.
+    ``private`` low-area pages are pyvmm's own: supervisor-only, with the
+    protection given.
     """
     us = PTE_US if user else 0
     default = Protection(read=True, write=True, execute=False)
@@ -154,7 +170,9 @@ def page_tables(regions: list[tuple[int, int, Protection]], user: bool = False) 
     small: dict[int, list[int]] = {}
     low = []
     for addr in range(0, LARGE_PAGE, PAGE):
-        if addr < LOW_ABSENT_END:
+        if private and addr in private:
+            low.append(_pte(addr, private[addr], 0))
+        elif addr < LOW_ABSENT_END:
             low.append(0)
         elif addr < LOW_READONLY_END:
             low.append(_pte(addr, Protection(read=True, write=False), us))
@@ -186,18 +204,87 @@ def page_tables(regions: list[tuple[int, int, Protection]], user: bool = False) 
     return tables
 
 
+# Deprivileged mode: the guest's own selector values (0x08 code, 0x10 data,
+# as Solo5's GDT has them) must work when it loads them at CPL 3, so those
+# slots hold DPL 3 descriptors; pyvmm's trap stubs run on a DPL 0 code
+# segment in a slot the guest never names (its own GDT has 5 entries).
+GUEST_CODE = Segment(selector=0x08, type=SEG_TYPE_CODE_XRA, dpl=3, long=True)
+GUEST_DATA = Segment(selector=0x10, type=SEG_TYPE_DATA_RWA, dpl=3, db=True)
+TRAP_CODE = Segment(selector=0x30, type=SEG_TYPE_CODE_XA, long=True)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How the guest is entered: segments, tables and flags of one mode."""
+
+    name: str
+    cpl: int
+    segments: tuple[Segment, ...]
+    code: Segment
+    data: Segment
+    gdt_base: int = GDT_BASE
+    #: A TSS with an I/O bitmap allowing every port (hypercalls at CPL 3).
+    tss: bool = False
+    #: Set RFLAGS.IOPL to 3 (the user-mode profile; deprivileged keeps 0 so
+    #: that cli/sti trap on every host, not only on kvm_pvm).
+    iopl3: bool = False
+    #: Offer CR4.FSGSBASE where the CPU has it (wrfsbase for TLS).
+    fsgsbase: bool = False
+    #: pyvmm-private low-area pages (supervisor-only), by address.
+    private: tuple[tuple[int, Protection], ...] = ()
+
+
+KERNEL = Profile("kernel", 0, (KERNEL_CODE, KERNEL_DATA), KERNEL_CODE, KERNEL_DATA)
+USER = Profile(
+    "user",
+    3,
+    (KERNEL_CODE, KERNEL_DATA, USER_DATA, USER_CODE),
+    USER_CODE,
+    USER_DATA,
+    tss=True,
+    iopl3=True,
+    fsgsbase=True,
+)
+DEPRIVILEGED = Profile(
+    "deprivileged",
+    3,
+    (GUEST_CODE, GUEST_DATA, TRAP_CODE),
+    GUEST_CODE,
+    GUEST_DATA,
+    gdt_base=TRAP_TABLES,
+    tss=True,
+    private=(
+        (TRAP_TABLES, Protection(read=True, write=False, execute=True)),
+        (TRAP_STACK, Protection(read=True, write=True, execute=False)),
+    ),
+)
+PROFILES = {p.name: p for p in (KERNEL, USER, DEPRIVILEGED)}
+
+
+def profile_for(mode: int | str) -> Profile:
+    """A profile by name, or by CPL for the two direct modes (0, 3)."""
+    if isinstance(mode, int):
+        return USER if mode == 3 else KERNEL
+    return PROFILES[mode]
+
+
 def segments_for(cpl: int) -> tuple[Segment, ...]:
-    if cpl == 3:
-        return (KERNEL_CODE, KERNEL_DATA, USER_DATA, USER_CODE)
-    return (KERNEL_CODE, KERNEL_DATA)
+    return profile_for(cpl).segments
 
 
 def setup_memory(
-    memory: GuestMemory, regions: list[tuple[int, int, Protection]], cpl: int = 0
+    memory: GuestMemory, regions: list[tuple[int, int, Protection]], cpl: int | str = 0
 ) -> None:
-    """Write the GDT, page tables (and for CPL 3 the TSS) into guest memory."""
-    memory.write(GDT_BASE, gdt_bytes(segments_for(cpl)))
-    for gpa, table in page_tables(regions, user=cpl == 3).items():
+    """Write the GDT, page tables (and the TSS, trap tables where the mode
+    has them) into guest memory."""
+    profile = profile_for(cpl)
+    memory.write(profile.gdt_base, gdt_bytes(profile.segments))
+    tables = page_tables(regions, user=profile.cpl == 3, private=dict(profile.private))
+    for gpa, table in tables.items():
         memory.write(gpa, table)
-    if cpl == 3:
-        memory.write(TSS_BASE, tss_bytes())
+    if profile.tss:
+        memory.write(TSS_BASE, tss_bytes(rsp0=TRAP_STACK_TOP if profile.private else 0))
+    if profile is DEPRIVILEGED:
+        from pyvmm.arch.x86_64 import traps
+
+        traps.write_tables(memory)

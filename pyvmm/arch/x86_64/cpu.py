@@ -11,16 +11,12 @@ from typing import TYPE_CHECKING
 
 from pyvmm._native import ffi, lib
 from pyvmm.arch.x86_64.boot import (
-    GDT_BASE,
-    KERNEL_CODE,
-    KERNEL_DATA,
     PML4_BASE,
     SEG_TYPE_TSS64_BUSY,
     TSS_BASE,
     TSS_LIMIT,
-    USER_CODE,
-    USER_DATA,
-    segments_for,
+    gdt_bytes,
+    profile_for,
 )
 from pyvmm.kvm.ioctl import KvmError, ioctl
 
@@ -42,6 +38,7 @@ RFLAGS_RESERVED = 1 << 1
 RFLAGS_IOPL3 = 3 << 12
 
 CPUID_MAX_ENTRIES = 256
+GPR_NAMES = "rax rbx rcx rdx rsi rdi rsp rbp r8 r9 r10 r11 r12 r13 r14 r15".split()
 
 
 def get_regs(vcpu: Vcpu):
@@ -107,24 +104,32 @@ def cpu_has_fsgsbase(cpuid) -> bool:
 
 
 def setup_vcpu(
-    system: System, vcpu: Vcpu, *, entry: int, stack: int, boot_info: int, cpl: int = 0
+    system: System,
+    vcpu: Vcpu,
+    *,
+    entry: int,
+    stack: int,
+    boot_info: int,
+    cpl: int | str = 0,
 ) -> None:
     """Long mode, CPUID from KVM, registers as the hvt ABI says.
 
-    CPL 0 is solo5-hvt's state exactly. CPL 3 (pyvmm's user-mode profile)
-    starts in 64-bit user mode: DPL 3 segments, user page tables, IOPL 3 and
-    a TSS whose I/O bitmap allows the hypercall ports, FSGSBASE so the guest
-    can set its TLS base without a privileged instruction.
+    The kernel profile (CPL 0) is solo5-hvt's state exactly. The user
+    profile (pyvmm's guests at CPL 3) starts in 64-bit user mode: DPL 3
+    segments, user page tables, IOPL 3 and a TSS whose I/O bitmap allows the
+    hypercall ports, FSGSBASE so the guest can set its TLS base without a
+    privileged instruction. The deprivileged profile (unmodified guests at
+    CPL 3) adds pyvmm's IDT and trap stack (traps.py) and keeps IOPL 0.
     """
+    profile = profile_for(cpl)
     cpuid = supported_cpuid(system)
     set_cpuid(vcpu, cpuid)
     sregs = get_sregs(vcpu)
-    code, data = (USER_CODE, USER_DATA) if cpl == 3 else (KERNEL_CODE, KERNEL_DATA)
-    code.load(sregs.cs)
+    profile.code.load(sregs.cs)
     for seg in (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss):
-        data.load(seg)
-    sregs.tr.base = TSS_BASE if cpl == 3 else 0
-    sregs.tr.limit = TSS_LIMIT if cpl == 3 else 0
+        profile.data.load(seg)
+    sregs.tr.base = TSS_BASE if profile.tss else 0
+    sregs.tr.limit = TSS_LIMIT if profile.tss else 0
     sregs.tr.g = 0
     sregs.tr.selector = 0
     sregs.tr.type = SEG_TYPE_TSS64_BUSY
@@ -134,37 +139,31 @@ def setup_vcpu(
     sregs.tr.unusable = 0
     sregs.ldt.unusable = 1
     sregs.ldt.present = 0
-    sregs.gdt.base = GDT_BASE
-    sregs.gdt.limit = len(segments_for(cpl)) * 8 + 8 - 1
-    sregs.idt.base = 0
-    sregs.idt.limit = 0
+    sregs.gdt.base = profile.gdt_base
+    sregs.gdt.limit = len(gdt_bytes(profile.segments)) - 1
+    sregs.idt.base, sregs.idt.limit = idt_of(profile)
     sregs.cr0 = CR0_PE | CR0_NE | CR0_WP | CR0_PG
     sregs.cr3 = PML4_BASE
     sregs.cr4 = CR4_PAE | CR4_OSFXSR | CR4_OSXMMEXCPT
-    if cpl == 3 and cpu_has_fsgsbase(cpuid):
+    if profile.fsgsbase and cpu_has_fsgsbase(cpuid):
         sregs.cr4 |= CR4_FSGSBASE
     sregs.efer = EFER_LME | EFER_LMA | EFER_NXE
     set_sregs(vcpu, sregs)
     regs = get_regs(vcpu)
-    for name in (
-        "rax",
-        "rbx",
-        "rcx",
-        "rdx",
-        "rsi",
-        "rbp",
-        "r8",
-        "r9",
-        "r10",
-        "r11",
-        "r12",
-        "r13",
-        "r14",
-        "r15",
-    ):
+    for name in GPR_NAMES:
         setattr(regs, name, 0)
-    regs.rflags = RFLAGS_RESERVED | (RFLAGS_IOPL3 if cpl == 3 else 0)
+    regs.rflags = RFLAGS_RESERVED | (RFLAGS_IOPL3 if profile.iopl3 else 0)
     regs.rip = entry
     regs.rsp = stack
     regs.rdi = boot_info
     set_regs(vcpu, regs)
+
+
+def idt_of(profile) -> tuple[int, int]:
+    """(base, limit) of the IDT the vCPU starts with: none but pyvmm's own
+    in deprivileged mode (a fault elsewhere is a triple fault, reported)."""
+    if profile.name != "deprivileged":
+        return 0, 0
+    from pyvmm.arch.x86_64 import traps
+
+    return traps.IDT, traps.IDT_LIMIT

@@ -1,0 +1,434 @@
+"""Deprivileged execution: trap and emulate for unmodified kernel-mode guests.
+
+A Solo5 hvt unikernel expects to run at CPL 0, which kvm_pvm executes in
+its instruction emulator (about a thousand times slower than native). In
+deprivileged mode pyvmm starts it at CPL 3 instead (docs/pvm.md). The few
+privileged instructions it executes (lgdt, lidt, ltr, a far return to its
+own code selector, a load of SS, wrmsr of the FS base, mov from CR2,
+cli/sti) then raise #GP; every exception enters one of pyvmm's own IDT
+stubs, which runs at CPL 0 on pyvmm's trap stack and exits with a 1-byte
+``out`` to TRAP_PORT. Here the exit is read back: the vector from the
+stub's address, the CPU's frame from the trap stack. A privileged
+instruction is decoded (decode.py) and its effect applied to the guest's
+registers and to a shadow of the privileged state the guest believes it
+set (GDTR, IDTR, TR, CR2, the interrupt flag); any other exception is
+delivered to the guest's own IDT handler, on the IST stack its TSS names,
+as the hardware would. Either way the vCPU resumes at CPL 3 through
+KVM_SET_REGS/KVM_SET_SREGS.
+
+The IDT, the stubs and pyvmm's GDT share a supervisor-only read-only page
+of the low area, the trap stack a supervisor-only writable one
+(boot.TRAP_TABLES, boot.TRAP_STACK): the guest can neither read nor write
+them.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pyvmm.arch.x86_64 import cpu
+from pyvmm.arch.x86_64.boot import (
+    DEPRIVILEGED,
+    GUEST_CODE,
+    GUEST_DATA,
+    TRAP_CODE,
+    TRAP_TABLES,
+    Segment,
+)
+from pyvmm.arch.x86_64.decode import GPR, DecodeError, Instruction, Memory, decode
+from pyvmm.arch.x86_64.faults import explain_page_fault
+from pyvmm.errors import GuestFault
+from pyvmm.kvm import IoOut
+
+if TYPE_CHECKING:
+    from pyvmm.kvm import Vcpu, VcpuExit
+    from pyvmm.memory import GuestMemory
+
+VECTORS = 32
+IDT = TRAP_TABLES + 0x100
+IDT_LIMIT = VECTORS * 16 - 1
+STUBS = TRAP_TABLES + 0x400
+STUB_SIZE = 8
+#: The stubs' ``out %al, $TRAP_PORT``: an imm8 port nothing else uses.
+TRAP_PORT = 0x7E
+_STUB = bytes([0xE6, TRAP_PORT, 0x0F, 0x0B]).ljust(STUB_SIZE, b"\xcc")  # out; ud2
+_STUB_EXIT_OFFSET = 2  # RIP at the exit: right after the out
+
+#: Vectors whose frame carries an error code.
+ERROR_CODE_VECTORS = frozenset({8, 10, 11, 12, 13, 14, 17, 21, 29, 30})
+VECTOR_NAMES = {
+    0: "#DE", 1: "#DB", 2: "NMI", 3: "#BP", 4: "#OF", 5: "#BR", 6: "#UD", 7: "#NM",
+    8: "#DF", 10: "#TS", 11: "#NP", 12: "#SS", 13: "#GP", 14: "#PF", 16: "#MF",
+    17: "#AC", 18: "#MC", 19: "#XM", 20: "#VE", 21: "#CP",
+}  # fmt: skip
+GP, UD, PF, BP = 13, 6, 14, 3
+
+RFLAGS_TF = 1 << 8
+RFLAGS_IF = 1 << 9
+RFLAGS_IOPL = 3 << 12
+RFLAGS_NT = 1 << 14
+RFLAGS_RF = 1 << 16
+RFLAGS_VM = 1 << 17
+PF_USER = 1 << 2
+
+MSR_FS_BASE = 0xC0000100
+MSR_GS_BASE = 0xC0000101
+MSR_KERNEL_GS_BASE = 0xC0000102
+
+GATE_INTERRUPT = 0xE
+GATE_TRAP = 0xF
+TSS_AVAILABLE = 0x9
+TSS_BUSY = 0xB
+TSS_IST1 = 36
+
+_MASK64 = (1 << 64) - 1
+
+
+def gate(offset: int, selector: int, ist: int = 0, kind: int = GATE_INTERRUPT, dpl: int = 0):
+    """A 16-byte 64-bit IDT gate."""
+    attributes = 0x80 | (dpl << 5) | kind
+    return struct.pack(
+        "<HHBBHII", offset & 0xFFFF, selector, ist, attributes, (offset >> 16) & 0xFFFF,
+        offset >> 32, 0,
+    )  # fmt: skip
+
+
+def write_tables(memory: GuestMemory) -> None:
+    """pyvmm's IDT (every exception vector to its stub) and the stubs."""
+    gates = b"".join(gate(STUBS + v * STUB_SIZE, TRAP_CODE.selector) for v in range(VECTORS))
+    memory.write(IDT, gates)
+    memory.write(STUBS, _STUB * VECTORS)
+
+
+class Unsupported(GuestFault):
+    """A privileged operation pyvmm does not emulate: the run ends."""
+
+
+@dataclass
+class Shadow:
+    """The privileged state the guest believes it set (never loaded)."""
+
+    gdt_base: int = 0
+    gdt_limit: int = 0
+    idt_base: int = 0
+    idt_limit: int = 0  # 0: no IDT loaded yet
+    tr: int = 0
+    tss_base: int | None = None
+    cr2: int = 0
+    interrupts: bool = False
+    kernel_gs_base: int = 0
+
+
+class Frame:
+    """The vCPU at the trap: registers, segment state, where the guest was."""
+
+    def __init__(self, regs, sregs, vector: int, words: tuple[int, ...]) -> None:
+        self.regs = regs
+        self.sregs = sregs
+        self.vector = vector
+        if vector in ERROR_CODE_VECTORS:
+            self.error_code, words = words[0], words[1:]
+        else:
+            self.error_code = None
+        self.rip, cs, self.rflags, self.rsp, ss = words[:5]
+        self.code = b""  # the instruction's bytes, once fetched
+        self.cs, self.ss = cs & 0xFFFF, ss & 0xFFFF
+
+    def reg(self, name: str) -> int:
+        return self.rsp if name == "rsp" else getattr(self.regs, name)
+
+    def set_reg(self, number: int, value: int) -> None:
+        name = GPR[number]
+        if name == "rsp":
+            self.rsp = value & _MASK64
+        else:
+            setattr(self.regs, name, value & _MASK64)
+
+
+class TrapEmulator:
+    """Answers the trap exits of one deprivileged vCPU (see module doc)."""
+
+    def __init__(self, vcpu: Vcpu, memory: GuestMemory) -> None:
+        self.vcpu = vcpu
+        self.memory = memory
+        self.shadow = Shadow()
+        self.counts: Counter[str] = Counter()
+
+    # -- the exit ------------------------------------------------------------
+    def handle(self, exit: VcpuExit) -> bool:
+        """True when ``exit`` was a trap, answered; False for any other exit."""
+        if type(exit) is not IoOut or exit.port != TRAP_PORT or exit.size != 1:
+            return False
+        regs, sregs = cpu.get_regs(self.vcpu), cpu.get_sregs(self.vcpu)
+        offset = regs.rip - _STUB_EXIT_OFFSET - STUBS
+        if sregs.cs.dpl != 0 or offset % STUB_SIZE or not 0 <= offset < VECTORS * STUB_SIZE:
+            return False  # the guest itself wrote to the port: a bad port write
+        vector = offset // STUB_SIZE
+        size = 6 if vector in ERROR_CODE_VECTORS else 5
+        raw = self.memory.read(regs.rsp, 8 * size, what="trap frame")
+        frame = Frame(regs, sregs, vector, struct.unpack(f"<{size}Q", raw))
+        if frame.cs & 3 != 3:
+            raise GuestFault(
+                f"guest fault: {self._name(vector)} inside pyvmm's trap entry "
+                f"(rip={frame.rip:#x}): a bug in pyvmm, please report it"
+            )
+        if vector == PF:
+            self.shadow.cr2 = sregs.cr2
+        if vector in (GP, UD):
+            self._privileged(frame)
+        else:
+            self._deliver(frame, vector, frame.error_code, frame.rip)
+        self._resume(frame)
+        return True
+
+    def counters(self) -> dict[str, int]:
+        return dict(self.counts)
+
+    # -- privileged instructions ----------------------------------------------
+    def _privileged(self, frame: Frame) -> None:
+        code = frame.code = self._fetch(frame.rip)
+        try:
+            insn = decode(code)
+        except DecodeError as err:
+            if frame.vector == GP and "not an instruction" not in str(err):
+                raise Unsupported(self._unsupported(frame, str(err))) from None
+            # Not a privileged instruction pyvmm knows: a genuine #GP or #UD
+            # (ud2, a non-canonical address) for the guest's own handler.
+            self._deliver(frame, frame.vector, frame.error_code, frame.rip)
+            return
+        handler = getattr(self, f"_do_{insn.name}", None)
+        frame.code = code[: insn.length]
+        if handler is None:
+            raise Unsupported(self._unsupported(frame, insn.name))
+        self.counts[insn.name] += 1
+        next_rip = frame.rip + insn.length
+        if handler(frame, insn, next_rip) is not False:
+            frame.rip = next_rip
+
+    def _fetch(self, rip: int) -> bytes:
+        if not 0 <= rip < self.memory.size:
+            raise GuestFault(f"guest fault: instruction fetch at {rip:#x}, outside guest memory")
+        return self.memory.read(rip, min(15, self.memory.size - rip), what="instruction fetch")
+
+    def _unsupported(self, frame: Frame, what: str) -> str:
+        return (
+            f"guest fault: privileged instruction pyvmm does not emulate ({what}): "
+            f"bytes {frame.code.hex(' ')} at rip={frame.rip:#x}; run it with --cpl=0"
+        )
+
+    def _address(self, frame: Frame, insn: Instruction) -> int:
+        rm = insn.rm
+        assert isinstance(rm, Memory)
+        seg_base = 0
+        if rm.segment in ("fs", "gs"):
+            seg_base = getattr(frame.sregs, rm.segment).base
+        return rm.address(frame.reg, frame.rip + insn.length, seg_base)
+
+    def _read(self, address: int, size: int) -> int:
+        return int.from_bytes(
+            self.memory.read(address, size, what="emulated instruction"), "little"
+        )
+
+    def _operand16(self, frame: Frame, insn: Instruction) -> int:
+        if isinstance(insn.rm, int):
+            return frame.reg(GPR[insn.rm]) & 0xFFFF
+        return self._read(self._address(frame, insn), 2)
+
+    def _do_cli(self, frame: Frame, insn: Instruction, next_rip: int) -> None:
+        self.shadow.interrupts = False
+
+    def _do_sti(self, frame: Frame, insn: Instruction, next_rip: int) -> None:
+        self.shadow.interrupts = True
+
+    def _do_hlt(self, frame: Frame, insn: Instruction, next_rip: int) -> None:
+        raise GuestFault(f"guest halted the CPU without the halt hypercall (rip={frame.rip:#x})")
+
+    def _do_lgdt(self, frame: Frame, insn: Instruction, next_rip: int) -> None:
+        address = self._address(frame, insn)
+        self.shadow.gdt_limit = self._read(address, 2)
+        self.shadow.gdt_base = self._read(address + 2, 8)
+
+    def _do_lidt(self, frame: Frame, insn: Instruction, next_rip: int) -> None:
+        address = self._address(frame, insn)
+        self.shadow.idt_limit = self._read(address, 2)
+        self.shadow.idt_base = self._read(address + 2, 8)
+
+    def _do_ltr(self, frame: Frame, insn: Instruction, next_rip: int) -> None:
+        selector = self._operand16(frame, insn)
+        offset = selector & ~7
+        if selector & 4 or offset + 15 > self.shadow.gdt_limit:
+            raise Unsupported(self._unsupported(frame, f"ltr {selector:#x}: no such TSS"))
+        low, high = struct.unpack("<QQ", self.memory.read(self.shadow.gdt_base + offset, 16))
+        if (low >> 40) & 0xF not in (TSS_AVAILABLE, TSS_BUSY) or not (low >> 47) & 1:
+            raise Unsupported(self._unsupported(frame, f"ltr {selector:#x}: not a TSS"))
+        base = ((low >> 16) & 0xFFFFFF) | (((low >> 56) & 0xFF) << 24) | ((high & 0xFFFFFFFF) << 32)
+        self.shadow.tr = selector
+        self.shadow.tss_base = base
+
+    def _do_mov_to_sreg(self, frame: Frame, insn: Instruction, next_rip: int) -> None:
+        selector = self._operand16(frame, insn)
+        names = {0: "es", 2: "ss", 3: "ds", 4: "fs", 5: "gs"}
+        name = names.get(insn.reg & 7)
+        if name is None:
+            raise Unsupported(self._unsupported(frame, "mov to CS"))
+        segment = self._real_segment(frame, selector, GUEST_DATA)
+        if name == "ss":
+            frame.ss = segment.selector | 3
+        else:
+            kvm_seg = getattr(frame.sregs, name)
+            base = kvm_seg.base
+            segment.load(kvm_seg)
+            if name in ("fs", "gs"):
+                kvm_seg.base = base  # a selector load leaves the MSR base in 64-bit code
+
+    def _do_retf(self, frame: Frame, insn: Instruction, next_rip: int, extra: int = 0) -> bool:
+        size = insn.operand_size // 8
+        rip = self._read(frame.rsp, size)
+        selector = self._read(frame.rsp + size, size) & 0xFFFF
+        segment = self._real_segment(frame, selector, GUEST_CODE)
+        frame.rip = rip
+        frame.cs = segment.selector | 3
+        frame.rsp = (frame.rsp + 2 * size + extra) & _MASK64
+        return False  # the return set RIP
+
+    def _do_retf_imm(self, frame: Frame, insn: Instruction, next_rip: int) -> bool:
+        return self._do_retf(frame, insn, next_rip, insn.immediate or 0)
+
+    def _do_iret(self, frame: Frame, insn: Instruction, next_rip: int) -> bool:
+        size = 8 if insn.operand_size == 64 else 4
+        words = [self._read(frame.rsp + i * size, size) for i in range(5)]
+        rip, cs, rflags, rsp, ss = words
+        frame.cs = self._real_segment(frame, cs & 0xFFFF, GUEST_CODE).selector | 3
+        frame.ss = self._real_segment(frame, ss & 0xFFFF, GUEST_DATA).selector | 3
+        self.shadow.interrupts = bool(rflags & RFLAGS_IF)
+        frame.rflags = (rflags & ~(RFLAGS_IF | RFLAGS_IOPL | RFLAGS_VM)) | 2
+        frame.rip, frame.rsp = rip, rsp
+        return False
+
+    def _do_mov_from_cr(self, frame: Frame, insn: Instruction, next_rip: int) -> None:
+        sregs = frame.sregs
+        values = {0: sregs.cr0, 2: self.shadow.cr2, 3: sregs.cr3, 4: sregs.cr4, 8: 0}
+        if insn.reg not in values:
+            raise Unsupported(self._unsupported(frame, f"mov from CR{insn.reg}"))
+        assert isinstance(insn.rm, int)
+        frame.set_reg(insn.rm, values[insn.reg])
+
+    def _do_wrmsr(self, frame: Frame, insn: Instruction, next_rip: int) -> None:
+        msr = frame.regs.rcx & 0xFFFFFFFF
+        value = ((frame.regs.rdx & 0xFFFFFFFF) << 32) | (frame.regs.rax & 0xFFFFFFFF)
+        if msr == MSR_FS_BASE:
+            frame.sregs.fs.base = value
+        elif msr == MSR_GS_BASE:
+            frame.sregs.gs.base = value
+        elif msr == MSR_KERNEL_GS_BASE:
+            self.shadow.kernel_gs_base = value
+        else:
+            raise Unsupported(self._unsupported(frame, f"wrmsr {msr:#x}"))
+
+    def _do_rdmsr(self, frame: Frame, insn: Instruction, next_rip: int) -> None:
+        msr = frame.regs.rcx & 0xFFFFFFFF
+        values = {
+            MSR_FS_BASE: frame.sregs.fs.base,
+            MSR_GS_BASE: frame.sregs.gs.base,
+            MSR_KERNEL_GS_BASE: self.shadow.kernel_gs_base,
+        }
+        if msr not in values:
+            raise Unsupported(self._unsupported(frame, f"rdmsr {msr:#x}"))
+        frame.regs.rax = values[msr] & 0xFFFFFFFF
+        frame.regs.rdx = values[msr] >> 32
+
+    def _do_swapgs(self, frame: Frame, insn: Instruction, next_rip: int) -> None:
+        gs = frame.sregs.gs
+        gs.base, self.shadow.kernel_gs_base = self.shadow.kernel_gs_base, gs.base
+
+    def _do_invlpg(self, frame: Frame, insn: Instruction, next_rip: int) -> None:
+        """Nothing to do: pyvmm's page tables never change under the guest."""
+
+    _do_wbinvd = _do_invd = _do_invlpg
+
+    def _do_int3(self, frame: Frame, insn: Instruction, next_rip: int) -> bool:
+        self._deliver(frame, BP, None, next_rip)
+        return False
+
+    def _do_int(self, frame: Frame, insn: Instruction, next_rip: int) -> bool:
+        self._deliver(frame, insn.immediate or 0, None, next_rip)
+        return False
+
+    def _real_segment(self, frame: Frame, selector: int, wanted: Segment) -> Segment:
+        """The descriptor pyvmm's GDT has at the guest's selector index."""
+        if selector >> 3 != wanted.selector >> 3 or selector & 4:
+            raise Unsupported(
+                self._unsupported(
+                    frame, f"segment selector {selector:#x} (only {wanted.selector:#x})"
+                )
+            )
+        return wanted
+
+    # -- exceptions for the guest ----------------------------------------------
+    def _deliver(self, frame: Frame, vector: int, error_code: int | None, rip: int) -> None:
+        """Enter the guest's own handler for ``vector`` as the CPU would."""
+        shadow = self.shadow
+        name = self._name(vector)
+        self.counts[f"deliver {name}"] += 1
+        if shadow.idt_limit < vector * 16 + 15:
+            if vector == PF:
+                what = explain_page_fault(self.memory, rip, shadow.cr2)
+            else:
+                what = f"triple fault (unhandled exception {name})"
+            where = f"rip={rip:#x} rsp={frame.rsp:#x} cr2={frame.sregs.cr2:#x}"
+            raise GuestFault(f"guest fault: {what} ({where})")
+        low, high = struct.unpack(
+            "<QQ", self.memory.read(shadow.idt_base + vector * 16, 16, what="guest IDT")
+        )
+        kind = (low >> 40) & 0xF
+        if not (low >> 47) & 1 or kind not in (GATE_INTERRUPT, GATE_TRAP):
+            raise GuestFault(
+                f"guest fault: {name} at rip={rip:#x} and the guest's IDT has no gate for it"
+            )
+        handler = (low & 0xFFFF) | (((low >> 48) & 0xFFFF) << 16) | ((high & 0xFFFFFFFF) << 32)
+        code = self._real_segment(frame, (low >> 16) & 0xFFFF, GUEST_CODE)
+        ist = (low >> 32) & 7
+        rsp = frame.rsp
+        if ist:
+            if shadow.tss_base is None:
+                raise GuestFault(f"guest fault: {name} on IST{ist} with no TSS loaded")
+            rsp = self._read(shadow.tss_base + TSS_IST1 + 8 * (ist - 1), 8)
+        rsp &= ~0xF
+        if vector == PF and error_code is not None:
+            error_code &= ~PF_USER  # the guest believes it ran at CPL 0
+        view_flags = frame.rflags | (RFLAGS_IF if shadow.interrupts else 0)
+        words = [frame.ss & ~3, frame.rsp, view_flags, frame.cs & ~3, rip]
+        if error_code is not None:
+            words.append(error_code)
+        new_rsp = (rsp - 8 * len(words)) & _MASK64
+        buf = self.memory.buffer(new_rsp, 8 * len(words), write=True, what=f"{name} frame")
+        buf[:] = struct.pack(f"<{len(words)}Q", *reversed(words))
+        if kind == GATE_INTERRUPT:
+            shadow.interrupts = False
+        frame.rflags &= ~(RFLAGS_TF | RFLAGS_NT | RFLAGS_RF | RFLAGS_VM)
+        frame.rip = handler
+        frame.rsp = new_rsp
+        frame.cs = code.selector | 3
+
+    @staticmethod
+    def _name(vector: int) -> str:
+        return VECTOR_NAMES.get(vector, f"vector {vector}")
+
+    # -- back to the guest -----------------------------------------------------
+    def _resume(self, frame: Frame) -> None:
+        regs, sregs = frame.regs, frame.sregs
+        regs.rip, regs.rsp = frame.rip, frame.rsp
+        regs.rflags = (frame.rflags & ~(RFLAGS_IF | RFLAGS_IOPL)) | 2
+        GUEST_CODE.load(sregs.cs)
+        ss_base = sregs.ss.base
+        GUEST_DATA.load(sregs.ss)
+        sregs.ss.base = ss_base
+        cpu.set_sregs(self.vcpu, sregs)
+        cpu.set_regs(self.vcpu, regs)
+
+
+def emulator(mode: str, vcpu: Vcpu, memory: GuestMemory) -> TrapEmulator | None:
+    return TrapEmulator(vcpu, memory) if mode == DEPRIVILEGED.name else None
