@@ -11,6 +11,7 @@
 #include "hcfast.h"
 #include "hvt_abi.h"
 #include "iothread.h"
+#include "spin.h"
 #include "static_check.h"
 
 _Static_assert(sizeof(struct hvt_hc_block_read) == sizeof(struct hvt_hc_block_write) &&
@@ -41,22 +42,6 @@ enum { ANSWERED, PYTHON };
  */
 #define POLL_COALESCE_NS 50000
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield" ::: "memory");
-#endif
-}
-
 /* The host address of [gpa, gpa + len) for access PYVMM_GM_*, or NULL. */
 static uint8_t *guest(const struct pyvmm_fastpath *fp, uint64_t gpa, uint64_t len, int access)
 {
@@ -83,12 +68,10 @@ static int net_fd(const struct pyvmm_fastpath *fp, uint64_t handle)
 static int walltime(struct pyvmm_fastpath *fp, uint64_t gpa)
 {
     struct hvt_hc_walltime arg;
-    struct timespec ts;
     uint8_t *at;
 
     LOAD_ARG(fp, gpa, arg, at);
-    clock_gettime(CLOCK_REALTIME, &ts);
-    arg.nsecs = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    arg.nsecs = clock_ns(CLOCK_REALTIME);
     STORE(at, arg, nsecs);
     fp->walltimes++;
     return ANSWERED;
@@ -232,8 +215,8 @@ static int poll_hc(struct pyvmm_fastpath *fp, uint64_t gpa, int *interrupted)
     if (r == -EINTR)
         *interrupted = 1;
     if (fp->shm && !ready && r > 0 && !*interrupted) {
-        uint64_t until = now_ns() + POLL_COALESCE_NS;
-        while (now_ns() < until && !pyvmm_stop_signal())
+        uint64_t until = clock_ns(CLOCK_MONOTONIC) + POLL_COALESCE_NS;
+        while (clock_ns(CLOCK_MONOTONIC) < until && !pyvmm_stop_signal())
             cpu_relax();
     }
     if (fp->shm)

@@ -14,29 +14,7 @@
 
 #include "iothread_internal.h"
 #include "shmstream_ring.h"
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield" ::: "memory");
-#endif
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t thread_cpu_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
+#include "spin.h"
 
 void io_notify(int fd)
 {
@@ -139,22 +117,22 @@ static void run_event(struct iothread *io)
 static void run_hybrid(struct iothread *io)
 {
     uint64_t budget_ns = (uint64_t)io->budget_us * 1000u;
-    uint64_t last_work = now_ns();
+    uint64_t last_work = clock_ns(CLOCK_MONOTONIC);
 
     while (!io->stop) {
         if (io_service(io)) {
             io->stats.busy_passes++;
-            last_work = now_ns();
+            last_work = clock_ns(CLOCK_MONOTONIC);
             continue;
         }
-        if (now_ns() - last_work < budget_ns) {
+        if (clock_ns(CLOCK_MONOTONIC) - last_work < budget_ns) {
             io->stats.idle_spins++;
             cpu_relax();
             continue;
         }
         if (prepare_sleep(io))
             sleep_until_event(io);
-        last_work = now_ns();
+        last_work = clock_ns(CLOCK_MONOTONIC);
     }
 }
 
@@ -189,7 +167,7 @@ static void *io_main(void *arg)
     }
     /* Frames the guest queued before it halted still go out. */
     drain_tx(io);
-    io->final_cpu_ns = thread_cpu_ns();
+    io->final_cpu_ns = clock_ns(CLOCK_THREAD_CPUTIME_ID);
     return NULL;
 }
 
@@ -263,13 +241,12 @@ void io_stop(struct iothread *io)
 uint64_t io_cpu_ns(struct iothread *io)
 {
     clockid_t clock;
-    struct timespec ts;
 
     if (!io->started)
         return io->final_cpu_ns;
-    if (pthread_getcpuclockid(io->thread, &clock) != 0 || clock_gettime(clock, &ts) != 0)
+    if (pthread_getcpuclockid(io->thread, &clock) != 0)
         return 0;
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    return clock_ns(clock);
 }
 
 void io_destroy(struct iothread *io)

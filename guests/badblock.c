@@ -15,23 +15,11 @@
  *
  * Needs block device storage attached (at least one block).
  */
+#include "badcase.h"
 #include "hypercall.h"
 #include "rt.h"
 
 GUEST_MANIFEST(MFT_BLOCK("storage"));
-
-static int streq(const char *a, const char *b)
-{
-    while (*a && *a == *b)
-        a++, b++;
-    return *a == *b;
-}
-
-static void not_stopped(void)
-{
-    rt_puts("FAILURE: not stopped\n");
-    solo5_exit(2);
-}
 
 int solo5_app_main(const struct solo5_start_info *si)
 {

@@ -24,25 +24,13 @@
  * to Python (csrc/hcfast.c); this guest checks that the hand-over loses
  * none of the rules.  Needs net device service0 attached.
  */
+#include "badcase.h"
 #include "hypercall.h"
 #include "rt.h"
 
 GUEST_MANIFEST(MFT_NET("service0"));
 
 static uint8_t frame[2048];
-
-static int streq(const char *a, const char *b)
-{
-    while (*a && *a == *b)
-        a++, b++;
-    return *a == *b;
-}
-
-static void not_stopped(void)
-{
-    rt_puts("FAILURE: not stopped\n");
-    solo5_exit(2);
-}
 
 int solo5_app_main(const struct solo5_start_info *si)
 {
