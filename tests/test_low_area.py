@@ -10,6 +10,7 @@ Reads from the low area (a frame to send, a block to write) stay allowed.
 from __future__ import annotations
 
 import pytest
+
 from conftest import engine_env, guest, run_pyvmm
 from testkit.netns import NetNamespace
 
