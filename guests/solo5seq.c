@@ -22,6 +22,9 @@
  *   solo5seq.hvt abort          a page fault whose handler reports like
  *                               Solo5's ("Solo5: trap: type=#PF ...") and
  *                               aborts: exit status 255
+ *   solo5seq.hvt traps N        after the sequence, N cli/sti pairs: prints
+ *                               trap_ns, the average cost of one (a trap
+ *                               and its emulation when deprivileged)
  *   solo5seq.hvt cr3            reloads CR3 (mov to CR3), which Solo5 never
  *                               does and pyvmm does not emulate: fine at
  *                               CPL 0, one line and status 1 deprivileged
@@ -256,9 +259,15 @@ int solo5_app_main(const struct solo5_start_info *si)
     uint64_t kib = 64;
     abort_mode = strcmp(p, "abort") == 0;
     bool cr3_mode = strcmp(p, "cr3") == 0;
-    if (!abort_mode && !cr3_mode && *p != '\0' &&
-        (!rt_parse_u64(&p, &kib) || kib == 0 || kib > 65536))
-        return fail("usage: solo5seq [KIB | abort | cr3]");
+    uint64_t traps = 0;
+    if (strncmp(p, "traps ", 6) == 0) {
+        p += 6;
+        if (!rt_parse_u64(&p, &traps) || traps == 0 || traps > 10000000)
+            return fail("usage: solo5seq traps N (N 1-10000000)");
+    } else if (!abort_mode && !cr3_mode && *p != '\0' &&
+               (!rt_parse_u64(&p, &kib) || kib == 0 || kib > 65536)) {
+        return fail("usage: solo5seq [KIB | abort | cr3 | traps N]");
+    }
 
     cpu_init();
     rt_puts("solo5seq: start-up sequence ok\n");
@@ -269,6 +278,15 @@ int solo5_app_main(const struct solo5_start_info *si)
         return fail("the FS base set with wrmsr does not reach %fs loads");
     rt_puts("solo5seq: fs base ok\n");
 
+    if (traps) {
+        solo5_time_t t0 = solo5_clock_monotonic();
+        for (uint64_t i = 0; i < traps; i++)
+            __asm__ __volatile__("cli; sti" ::: "memory");
+        solo5_time_t t1 = solo5_clock_monotonic();
+        rt_printf("trap_ns: %llu\n", (unsigned long long)((t1 - t0) / (2 * traps)));
+        rt_puts("SUCCESS\n");
+        return SOLO5_EXIT_SUCCESS;
+    }
     if (cr3_mode) {
         __asm__ __volatile__("mov %%cr3, %%rax; mov %%rax, %%cr3" : : : "rax", "memory");
         rt_puts("solo5seq: cr3 reloaded\n");

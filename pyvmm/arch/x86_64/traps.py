@@ -7,14 +7,17 @@ privileged instructions it executes (lgdt, lidt, ltr, a far return to its
 own code selector, a load of SS, wrmsr of the FS base, mov from CR2,
 cli/sti) then raise #GP; every exception enters one of pyvmm's own IDT
 stubs, which runs at CPL 0 on pyvmm's trap stack and exits with a 1-byte
-``out`` to TRAP_PORT. Here the exit is read back: the vector from the
-stub's address, the CPU's frame from the trap stack. A privileged
+``out`` to its own port. Here the exit is read back: the vector from the
+port the stub wrote to, the CPU's frame from the trap stack. A privileged
 instruction is decoded (decode.py) and its effect applied to the guest's
 registers and to a shadow of the privileged state the guest believes it
 set (GDTR, IDTR, TR, CR2, the interrupt flag); any other exception is
 delivered to the guest's own IDT handler, on the IST stack its TSS names,
-as the hardware would. Either way the vCPU resumes at CPL 3 through
-KVM_SET_REGS/KVM_SET_SREGS.
+as the hardware would. Either way pyvmm rewrites the CPU's frame on the
+trap stack and the stub returns to the guest with ``iretq``: a trap costs
+no register ioctl unless the instruction reads or writes registers (and
+KVM_SET_SREGS, which makes kvm_pvm rebuild its shadow page tables, only
+for a new FS or GS base).
 
 The IDT, the stubs and pyvmm's GDT share a supervisor-only read-only page
 of the low area, the trap stack a supervisor-only writable one
@@ -35,7 +38,10 @@ from pyvmm.arch.x86_64.boot import (
     GUEST_CODE,
     GUEST_DATA,
     TRAP_CODE,
+    TRAP_STACK_TOP,
     TRAP_TABLES,
+    TSS_BASE,
+    TSS_SIZE,
     Segment,
 )
 from pyvmm.arch.x86_64.decode import GPR, DecodeError, Instruction, Memory, decode
@@ -52,10 +58,12 @@ IDT = TRAP_TABLES + 0x100
 IDT_LIMIT = VECTORS * 16 - 1
 STUBS = TRAP_TABLES + 0x400
 STUB_SIZE = 8
-#: The stubs' ``out %al, $TRAP_PORT``: an imm8 port nothing else uses.
-TRAP_PORT = 0x7E
-_STUB = bytes([0xE6, TRAP_PORT, 0x0F, 0x0B]).ljust(STUB_SIZE, b"\xcc")  # out; ud2
-_STUB_EXIT_OFFSET = 2  # RIP at the exit: right after the out
+#: Vector v's stub writes to port TRAP_PORTS + v (``out %al, $imm8``). The
+#: TSS's I/O bitmap denies these ports at CPL 3, so only a stub can.
+TRAP_PORTS = 0xC0
+#: The CPU's frame sits at the top of the trap stack (TSS.RSP0): nothing
+#: nests, a fault inside a stub is reported as pyvmm's bug.
+FRAME_WORDS = 5
 
 #: Vectors whose frame carries an error code.
 ERROR_CODE_VECTORS = frozenset({8, 10, 11, 12, 13, 14, 17, 21, 29, 30})
@@ -96,11 +104,26 @@ def gate(offset: int, selector: int, ist: int = 0, kind: int = GATE_INTERRUPT, d
     )  # fmt: skip
 
 
+def stub(vector: int) -> bytes:
+    """``out %al, $port``; drop the error code if the CPU pushed one; ``iretq``."""
+    code = bytes([0xE6, TRAP_PORTS + vector])
+    if vector in ERROR_CODE_VECTORS:
+        code += bytes.fromhex("4883c408")  # add $8, %rsp
+    return (code + bytes.fromhex("48cf")).ljust(STUB_SIZE, b"\xcc")
+
+
+def frame_address(vector: int) -> int:
+    return TRAP_STACK_TOP - 8 * (FRAME_WORDS + (vector in ERROR_CODE_VECTORS))
+
+
 def write_tables(memory: GuestMemory) -> None:
     """pyvmm's IDT (every exception vector to its stub) and the stubs."""
     gates = b"".join(gate(STUBS + v * STUB_SIZE, TRAP_CODE.selector) for v in range(VECTORS))
     memory.write(IDT, gates)
-    memory.write(STUBS, _STUB * VECTORS)
+    memory.write(STUBS, b"".join(stub(v) for v in range(VECTORS)))
+    # The guest may not write the stubs' ports (it could fake a trap).
+    assert TRAP_PORTS % 8 == 0 and VECTORS % 8 == 0
+    memory.write(TSS_BASE + TSS_SIZE + TRAP_PORTS // 8, b"\xff" * (VECTORS // 8))
 
 
 class Unsupported(GuestFault):
@@ -123,19 +146,36 @@ class Shadow:
 
 
 class Frame:
-    """The vCPU at the trap: registers, segment state, where the guest was."""
+    """The guest at the trap: the CPU's frame, and its registers on demand.
 
-    def __init__(self, regs, sregs, vector: int, words: tuple[int, ...]) -> None:
-        self.regs = regs
-        self.sregs = sregs
+    Registers and segment state are read from KVM only when an instruction
+    needs them, and written back only when changed (``dirty``).
+    """
+
+    def __init__(self, vcpu: Vcpu, vector: int, words: tuple[int, ...]) -> None:
+        self.vcpu = vcpu
         self.vector = vector
         if vector in ERROR_CODE_VECTORS:
             self.error_code, words = words[0], words[1:]
         else:
             self.error_code = None
-        self.rip, cs, self.rflags, self.rsp, ss = words[:5]
-        self.code = b""  # the instruction's bytes, once fetched
+        self.rip, cs, self.rflags, self.rsp, ss = words
         self.cs, self.ss = cs & 0xFFFF, ss & 0xFFFF
+        self.code = b""  # the instruction's bytes, once fetched
+        self._regs = self._sregs = None
+        self.regs_dirty = self.sregs_dirty = False
+
+    @property
+    def regs(self):
+        if self._regs is None:
+            self._regs = cpu.get_regs(self.vcpu)
+        return self._regs
+
+    @property
+    def sregs(self):
+        if self._sregs is None:
+            self._sregs = cpu.get_sregs(self.vcpu)
+        return self._sregs
 
     def reg(self, name: str) -> int:
         return self.rsp if name == "rsp" else getattr(self.regs, name)
@@ -146,6 +186,7 @@ class Frame:
             self.rsp = value & _MASK64
         else:
             setattr(self.regs, name, value & _MASK64)
+            self.regs_dirty = True
 
 
 class TrapEmulator:
@@ -160,23 +201,19 @@ class TrapEmulator:
     # -- the exit ------------------------------------------------------------
     def handle(self, exit: VcpuExit) -> bool:
         """True when ``exit`` was a trap, answered; False for any other exit."""
-        if type(exit) is not IoOut or exit.port != TRAP_PORT or exit.size != 1:
+        vector = exit.port - TRAP_PORTS if type(exit) is IoOut else -1
+        if not 0 <= vector < VECTORS or exit.size != 1:
             return False
-        regs, sregs = cpu.get_regs(self.vcpu), cpu.get_sregs(self.vcpu)
-        offset = regs.rip - _STUB_EXIT_OFFSET - STUBS
-        if sregs.cs.dpl != 0 or offset % STUB_SIZE or not 0 <= offset < VECTORS * STUB_SIZE:
-            return False  # the guest itself wrote to the port: a bad port write
-        vector = offset // STUB_SIZE
-        size = 6 if vector in ERROR_CODE_VECTORS else 5
-        raw = self.memory.read(regs.rsp, 8 * size, what="trap frame")
-        frame = Frame(regs, sregs, vector, struct.unpack(f"<{size}Q", raw))
+        words = 1 + FRAME_WORDS if vector in ERROR_CODE_VECTORS else FRAME_WORDS
+        raw = self.memory.read(frame_address(vector), 8 * words, what="trap frame")
+        frame = Frame(self.vcpu, vector, struct.unpack(f"<{words}Q", raw))
         if frame.cs & 3 != 3:
             raise GuestFault(
                 f"guest fault: {self._name(vector)} inside pyvmm's trap entry "
                 f"(rip={frame.rip:#x}): a bug in pyvmm, please report it"
             )
         if vector == PF:
-            self.shadow.cr2 = sregs.cr2
+            self.shadow.cr2 = frame.sregs.cr2
         if vector in (GP, UD):
             self._privileged(frame)
         else:
@@ -283,6 +320,7 @@ class TrapEmulator:
             segment.load(kvm_seg)
             if name in ("fs", "gs"):
                 kvm_seg.base = base  # a selector load leaves the MSR base in 64-bit code
+            frame.sregs_dirty = True
 
     def _do_retf(self, frame: Frame, insn: Instruction, next_rip: int, extra: int = 0) -> bool:
         size = insn.operand_size // 8
@@ -321,8 +359,10 @@ class TrapEmulator:
         value = ((frame.regs.rdx & 0xFFFFFFFF) << 32) | (frame.regs.rax & 0xFFFFFFFF)
         if msr == MSR_FS_BASE:
             frame.sregs.fs.base = value
+            frame.sregs_dirty = True
         elif msr == MSR_GS_BASE:
             frame.sregs.gs.base = value
+            frame.sregs_dirty = True
         elif msr == MSR_KERNEL_GS_BASE:
             self.shadow.kernel_gs_base = value
         else:
@@ -339,10 +379,12 @@ class TrapEmulator:
             raise Unsupported(self._unsupported(frame, f"rdmsr {msr:#x}"))
         frame.regs.rax = values[msr] & 0xFFFFFFFF
         frame.regs.rdx = values[msr] >> 32
+        frame.regs_dirty = True
 
     def _do_swapgs(self, frame: Frame, insn: Instruction, next_rip: int) -> None:
         gs = frame.sregs.gs
         gs.base, self.shadow.kernel_gs_base = self.shadow.kernel_gs_base, gs.base
+        frame.sregs_dirty = True
 
     def _do_invlpg(self, frame: Frame, insn: Instruction, next_rip: int) -> None:
         """Nothing to do: pyvmm's page tables never change under the guest."""
@@ -419,15 +461,26 @@ class TrapEmulator:
 
     # -- back to the guest -----------------------------------------------------
     def _resume(self, frame: Frame) -> None:
-        regs, sregs = frame.regs, frame.sregs
-        regs.rip, regs.rsp = frame.rip, frame.rsp
-        regs.rflags = (frame.rflags & ~(RFLAGS_IF | RFLAGS_IOPL)) | 2
-        GUEST_CODE.load(sregs.cs)
-        ss_base = sregs.ss.base
-        GUEST_DATA.load(sregs.ss)
-        sregs.ss.base = ss_base
-        cpu.set_sregs(self.vcpu, sregs)
-        cpu.set_regs(self.vcpu, regs)
+        """Rewrite the CPU's frame (the stub's iretq returns through it) and
+        whatever registers the instruction changed."""
+        if not (_canonical(frame.rip) and _canonical(frame.rsp)):
+            raise GuestFault(
+                f"guest fault: return to a non-canonical address "
+                f"(rip={frame.rip:#x} rsp={frame.rsp:#x})"
+            )
+        rflags = (frame.rflags & ~(RFLAGS_IF | RFLAGS_IOPL | RFLAGS_VM)) | 2
+        words = (frame.rip, GUEST_CODE.selector | 3, rflags, frame.rsp, GUEST_DATA.selector | 3)
+        at = TRAP_STACK_TOP - 8 * FRAME_WORDS
+        self.memory.write(at, struct.pack(f"<{FRAME_WORDS}Q", *words), what="trap frame")
+        if frame.sregs_dirty:
+            cpu.set_sregs(self.vcpu, frame.sregs)
+        if frame.regs_dirty:
+            cpu.set_regs(self.vcpu, frame.regs)
+
+
+def _canonical(address: int) -> bool:
+    top = address >> 47
+    return top == 0 or top == (1 << 17) - 1
 
 
 def emulator(mode: str, vcpu: Vcpu, memory: GuestMemory) -> TrapEmulator | None:
