@@ -190,7 +190,15 @@ def test_pyvmm_debug_shows_the_traceback_of_an_internal_error():
 
 # -- --stats -----------------------------------------------------------------------
 
-STATS_KEYS = {"cpl", "exits_to_pyvmm", "hypercalls_in_c", "kvm", "seconds", "vcpu_thread_cpu_ns"}
+STATS_KEYS = {
+    "cpl",
+    "exits_to_pyvmm",
+    "hypercalls_in_c",
+    "kvm",
+    "privilege",
+    "seconds",
+    "vcpu_thread_cpu_ns",
+}
 
 
 @pytest.mark.kvm
