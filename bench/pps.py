@@ -1,6 +1,7 @@
 """Received packets per second and VM exits, every network mode side by side.
 
     python3 bench/pps.py [--seconds 5] [--size 1300] [--rate 0] [--pin]
+                         [--guest PATH] [--cpl auto,0,deprivileged]
 
 For each mode (--shm=off: one hypercall per frame, answered in C by the
 fast path; off-py: the same answered by Python, PYVMM_PY_HYPERCALLS=1;
@@ -16,6 +17,12 @@ the CPU time of the vCPU thread and the IO thread (as % of the whole run,
 boot and idle timeout included). rx pps is the guest's own count over its
 first-to-last frame time; exit rates are over the sender's window. Nothing
 leaves the namespace, which is removed afterwards.
+
+--guest runs another receiving program with udpsink's arguments and output,
+for example udpsink.c built against Solo5's own bindings (no pyvmm note:
+it runs deprivileged on PVM hosts, at CPL 0 elsewhere; with the shm modes
+pyvmm's IO thread serves Solo5's ring instead of shmstream). --cpl repeats
+every mode at each listed privilege setting (docs/pvm.md).
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ GUEST_MAC = "02:00:00:00:00:02"
 MODES = ("off-py", "off", "poll", "event", "hybrid")
 
 
-def run_mode(mode: str, args) -> dict:
+def run_mode(mode: str, cpl: str, args) -> dict:
     with NetNamespace() as ns:
         ns.add_tap("tap100", address=f"{HOST_IP}/24")
         # A static neighbour entry: the flood starts at once, no ARP.
@@ -51,6 +58,7 @@ def run_mode(mode: str, args) -> dict:
         env = dict(os.environ, PYVMM_PY_HYPERCALLS="1") if mode == "off-py" else None
         argv = [
             "--stats",
+            f"--cpl={cpl}",
             f"--shm={shm}",
             "--net:service0=tap100",
             f"--net-mac:service0={GUEST_MAC}",
@@ -61,7 +69,7 @@ def run_mode(mode: str, args) -> dict:
             argv += [f"--shm-slots={args.slots}"]
         if args.budget and shm == "hybrid":
             argv += [f"--hybrid-budget={args.budget}"]
-        argv += [str(GUEST), GUEST_IP, str(PORT), "0", str(args.idle_ms)]
+        argv += [str(args.guest), GUEST_IP, str(PORT), "0", str(args.idle_ms)]
         try:
             vm, head = ns.start_pyvmm(*argv, cwd=ROOT, env=env)
         except RuntimeError as err:
@@ -88,7 +96,8 @@ def run_mode(mode: str, args) -> dict:
         raise SystemExit(f"{mode}: udpsink failed ({vm.returncode}): {out}{err}")
     guest = dict(re.findall(r"^(\w+): (\S+)$", out, re.M))
     stats = json.loads(err.split("pyvmm-stats: ", 1)[1])
-    return {"mode": mode, "sent": sent, "guest": guest, "stats": stats}
+    label = mode if cpl == "auto" else f"{mode}/{cpl}"
+    return {"mode": label, "sent": sent, "guest": guest, "stats": stats}
 
 
 def summarize(r: dict) -> dict:
@@ -137,6 +146,8 @@ def main() -> int:
     parser.add_argument("--slots", type=int, default=0, help="--shm-slots (0: default)")
     parser.add_argument("--budget", type=int, default=0, help="--hybrid-budget in us (0: default)")
     parser.add_argument("--json", action="store_true", help="also dump raw results")
+    parser.add_argument("--guest", type=Path, default=GUEST, help="receiving program")
+    parser.add_argument("--cpl", default="auto", help="--cpl values to run each mode at")
     args = parser.parse_args()
 
     from pyvmm.kvm.system import kvm_flavour
@@ -148,18 +159,20 @@ def main() -> int:
         f"{time.strftime('%Y-%m-%d %H:%M')}"
     )
     header = (
-        f"{'mode':<7} {'offered pps':>11} {'rx pps':>9} {'frames':>9} {'errors':>6} "
+        f"{'mode':<18} {'offered pps':>11} {'rx pps':>9} {'frames':>9} {'errors':>6} "
         f"{'KVM exits/s':>11} {'exits/1k fr':>11} {'to pyvmm/s':>10} {'ring drops':>10} "
         f"{'lost %':>6} {'vCPU %':>6} {'IO %':>5}"
     )
     print(header)
     raw = []
-    for mode in args.modes.split(","):
-        result = run_mode(mode, args)
+    if args.guest != GUEST:
+        print(f"# guest: {args.guest}")
+    for mode, cpl in [(m, c) for c in args.cpl.split(",") for m in args.modes.split(",")]:
+        result = run_mode(mode, cpl, args)
         raw.append(result)
         s = summarize(result)
         print(
-            f"{s['mode']:<7} {s['offered']:>11.0f} {s['received']:>9.0f} {s['frames']:>9} "
+            f"{s['mode']:<18} {s['offered']:>11.0f} {s['received']:>9.0f} {s['frames']:>9} "
             f"{s['errors']:>6} {s['kvm_exits_s']:>11.0f} {s['exits_per_kframe']:>11.1f} "
             f"{s['to_pyvmm_s']:>10.0f} {s['drops']:>10} {s['lost']:>6.1f} {s['vcpu_cpu']:>6.0f} "
             f"{s['io_cpu']:>5.0f}",
