@@ -119,6 +119,19 @@ def run_pyvmm(*args: str, timeout: float = 60, **kwargs) -> subprocess.Completed
     )
 
 
+def popen_pyvmm(*args: str, **kwargs) -> subprocess.Popen:
+    """Start the pyvmm command (stdout and stderr piped, text), for a test
+    that acts on it while it runs."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pyvmm", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        **kwargs,
+    )
+
+
 @pytest.fixture
 def disk(tmp_path) -> Path:
     """A 1 MiB zeroed disk image for block tests."""

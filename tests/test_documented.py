@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, engine_env, guest, run_pyvmm
+from conftest import ROOT, engine_env, guest, popen_pyvmm, run_pyvmm
 from testkit import helpers
 from testkit.netns import NetNamespace
 
@@ -226,14 +226,7 @@ def test_host_io_error_reaches_the_guest_as_eunspec(tmp_path, engine):
     under the running guest, so reading its last block fails on the host."""
     disk = tmp_path / "disk.img"
     disk.write_bytes(bytes(1 << 20))
-    vm = subprocess.Popen(
-        [sys.executable, "-m", "pyvmm", f"--block:storage={disk}", str(guest("blockerr"))],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env=engine_env(engine),
-    )
+    vm = popen_pyvmm(f"--block:storage={disk}", guest("blockerr"), env=engine_env(engine))
     try:
         assert vm.stdout.readline().startswith("ready"), vm.stderr.read()
         os.truncate(disk, 1 << 19)

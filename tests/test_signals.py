@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, guest
+from conftest import guest, popen_pyvmm
 from testkit.netns import NetNamespace
 
 pytestmark = pytest.mark.kvm
@@ -48,13 +47,7 @@ def test_signal_stops_guest_and_releases_tap(sig, shm):
 def test_stop_signal_stops_a_cpu_bound_guest(cpl, sig):
     """A guest that never exits to pyvmm is still stopped: the signal
     interrupts KVM_RUN (or immediate_exit catches it just before)."""
-    vm = subprocess.Popen(
-        [sys.executable, "-m", "pyvmm", f"--cpl={cpl}", str(guest("spin"))],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
+    vm = popen_pyvmm(f"--cpl={cpl}", guest("spin"))
     assert vm.stdout.readline().strip() == "spinning"
     vm.send_signal(sig)
     _, err = vm.communicate(timeout=30)
