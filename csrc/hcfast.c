@@ -32,16 +32,6 @@ PYVMM_ARRAY_LEN_IS(struct mft_entry, name, MFT_NAME_SIZE);
 
 enum { ANSWERED, PYTHON };
 
-/*
- * Wake-up moderation for poll with a shmstream region: after the IO thread
- * woke a sleeping guest, let more frames land in its RX rings for this long
- * before answering, so that the guest takes them in one pass instead of
- * exiting again for each.  Python's answer used to take about as long by
- * itself; answered here without the window, a flood at 100k frames/s cost
- * 1.5-2x the VM exits per frame (bench/pps.py).
- */
-#define POLL_COALESCE_NS 50000
-
 /* The host address of [gpa, gpa + len) for access PYVMM_GM_*, or NULL. */
 static uint8_t *guest(const struct pyvmm_fastpath *fp, uint64_t gpa, uint64_t len, int access)
 {
@@ -189,8 +179,7 @@ static int block_io(struct pyvmm_fastpath *fp, uint64_t gpa, int is_read)
 /* As Hypercalls.poll.  With a shmstream region: re-arm the IO thread's
  * wake-up and clear a stale one before looking at the RX rings (a frame
  * published after the look signals the wake eventfd, which the wait
- * watches), and look again after the wait (and the moderation window, when
- * the guest slept).  -EINTR: answered with what is ready, and the caller
+ * watches), and look again after the wait.  -EINTR: answered with what is ready, and the caller
  * returns so Python sees the signal. */
 static int poll_hc(struct pyvmm_fastpath *fp, uint64_t gpa, int *interrupted)
 {
@@ -214,11 +203,6 @@ static int poll_hc(struct pyvmm_fastpath *fp, uint64_t gpa, int *interrupted)
         return PYTHON;   /* Python waits again and reports the failure */
     if (r == -EINTR)
         *interrupted = 1;
-    if (fp->shm && !ready && r > 0 && !*interrupted) {
-        uint64_t until = clock_ns(CLOCK_MONOTONIC) + POLL_COALESCE_NS;
-        while (clock_ns(CLOCK_MONOTONIC) < until && !pyvmm_stop_signal())
-            cpu_relax();
-    }
     if (fp->shm)
         ready |= shm_poll_ready_set(fp->shm);
     for (i = 0; r > 0 && i < n; i++)

@@ -1,7 +1,6 @@
 /*
- * Small helpers for C code that waits by spinning (the IO thread's poll
- * and hybrid modes, the poll hypercall's moderation window).  Not read by
- * cffi.
+ * Small helpers for C code that spins and measures time (the IO thread's
+ * poll and hybrid modes, the walltime hypercall).  Not read by cffi.
  */
 #ifndef PYVMM_SPIN_H
 #define PYVMM_SPIN_H
