@@ -1,4 +1,4 @@
-"""Two-thread stress of one shmstream ring (shm_test_stress in csrc/shm_testing.c).
+"""Two-thread stress of one shmstream ring (shm_test_stress in testkit/csrc/shm_testing.c).
 
 A C producer pthread and a C consumer pthread run the shared ring operations
 (csrc/shmstream_ring.h) flat out on two cores.  Every frame carries its
