@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from testkit.helpers import STATS, parse_stats  # noqa: E402
 from testkit.netns import NetNamespace  # noqa: E402
 
 GUEST = ROOT / "guests" / "bin" / "udpsink.hvt"
@@ -57,7 +58,7 @@ def run_mode(mode: str, cpl: str, args) -> dict:
         shm = "off" if mode.startswith("off") else mode
         env = dict(os.environ, PYVMM_PY_HYPERCALLS="1") if mode == "off-py" else None
         argv = [
-            "--stats",
+            STATS,
             f"--cpl={cpl}",
             f"--shm={shm}",
             "--net:service0=tap100",
@@ -95,7 +96,7 @@ def run_mode(mode: str, cpl: str, args) -> dict:
     if vm.returncode != 0:
         raise SystemExit(f"{mode}: udpsink failed ({vm.returncode}): {out}{err}")
     guest = dict(re.findall(r"^(\w+): (\S+)$", out, re.M))
-    stats = json.loads(err.split("pyvmm-stats: ", 1)[1])
+    stats = parse_stats(err)
     label = mode if cpl == "auto" else f"{mode}/{cpl}"
     return {"mode": label, "sent": sent, "guest": guest, "stats": stats}
 

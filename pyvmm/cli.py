@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 
 from pyvmm import __version__
 from pyvmm.config import DEFAULT_MEM_MIB, VmConfig, positive_int
 from pyvmm.devices import kinds, option_table
 from pyvmm.errors import PyvmmError, UsageError
+from pyvmm.statsview import parse_interval
 
 USAGE_TEMPLATE = f"""\
 usage: pyvmm [OPTIONS] [--] KERNEL [ARGS...]
@@ -46,9 +48,14 @@ Run a Solo5 hvt unikernel on KVM. Options (solo5-hvt compatible):
                                 many as fit in 1/8 of guest memory, <= 4096)
   --pin=vcpu=N,io=M             pin the vCPU thread and/or the IO thread
                                 to CPUs (also: --pin vcpu=N,io=M)
-  --stats                       print counters as JSON on stderr at exit
-                                (VM exits seen by pyvmm and by KVM,
-                                shmstream frames, drops, kicks, wake-ups)
+  --stats[=INTERVAL]            counters on stderr: a summary at exit and, with
+                                an interval (1s, 500ms), a line of rates per
+                                interval (VM exits by reason, hypercalls,
+                                frames, drops, kicks, wake-ups, CPU); SIGUSR1
+                                prints the counters so far
+  --stats-json=FILE             the counters as JSON (docs/stats.md) at exit,
+                                and per interval with --stats=INTERVAL; FILE
+                                - is stdout
   --help                        show this help
   --version, --host-info        show version and what this host's KVM provides
 Everything after KERNEL is the guest's command line.
@@ -122,8 +129,15 @@ def parse_args(argv: list[str]) -> VmConfig | str:
             config.no_net_ring = True
         elif arg == "--legacy-abi":
             config.legacy_abi = True
-        elif arg == "--stats":
+        elif arg == "--stats" or arg.startswith("--stats="):
             config.stats = True
+            if arg != "--stats":
+                config.stats_interval = parse_interval("--stats", arg[len("--stats=") :])
+        elif arg.startswith("--stats-json="):
+            path = arg[len("--stats-json=") :]
+            if not path:
+                raise UsageError("--stats-json=: missing FILE (or - for stdout)")
+            config.stats_json = path
         elif arg.startswith("--cpl="):
             value = arg[len("--cpl=") :]
             if value not in CPL_VALUES:
@@ -219,6 +233,9 @@ def version_text() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # SIGUSR1 asks a running guest's counters (statsview.py); before the
+    # guest runs there are none to print, and it must not kill pyvmm.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     try:
         parsed = parse_args(argv)
         if parsed == "help":

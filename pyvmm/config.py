@@ -45,5 +45,9 @@ class VmConfig:
     legacy_abi: bool = False
     pin_vcpu: int | None = None
     pin_io: int | None = None
-    # Print counters (VM exits, KVM stats, shmstream) as JSON on stderr at exit.
+    # Counters (statsview.py): a human summary on stderr at exit; with an
+    # interval (seconds) also a line of rates per interval; JSON lines to a
+    # file ("-": stdout) at exit and per interval.
     stats: bool = False
+    stats_interval: float | None = None
+    stats_json: str | None = None

@@ -1,15 +1,43 @@
 """Counters: everything a run counts, assembled in one place.
 
-What ``--stats`` prints and ``Vmm.counters()`` returns: VM exits that
-reached pyvmm by reason (whether C or Python answered them), what the C
-fast path answered, frames the hypercall path dropped, KVM's own per-vCPU
-statistics and the IO thread's ring counters.
+What ``--stats``/``--stats-json`` show and ``Vmm.counters()`` returns
+(docs/stats.md has the schema): VM exits that reached pyvmm by reason
+(whether C or Python answered them), hypercalls by name, what the C fast
+path answered, frames the hypercall path dropped, KVM's own per-vCPU
+statistics, the IO thread's ring counters and each thread's CPU time.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from typing import Any
+
+from pyvmm._native import lib
+
+#: Version of the snapshot's layout; bumped when a key changes meaning or
+#: goes away (new keys may appear within a version). docs/stats.md.
+SCHEMA = "pyvmm-stats/1"
+
+#: hvt hypercall numbers (csrc/hvt_abi.h) by name, for counting.
+HYPERCALL_NAMES = {
+    lib.HVT_HYPERCALL_WALLTIME: "walltime",
+    lib.HVT_HYPERCALL_PUTS: "puts",
+    lib.HVT_HYPERCALL_POLL: "poll",
+    lib.HVT_HYPERCALL_BLOCK_WRITE: "block_write",
+    lib.HVT_HYPERCALL_BLOCK_READ: "block_read",
+    lib.HVT_HYPERCALL_NET_WRITE: "net_write",
+    lib.HVT_HYPERCALL_NET_READ: "net_read",
+    lib.HVT_HYPERCALL_HALT: "halt",
+}
+#: The fast path's counter for each hypercall it answers.
+_FAST_PATH_BY_NAME = {
+    "walltime": ("walltimes",),
+    "poll": ("polls",),
+    "block_write": ("block_writes",),
+    "block_read": ("block_reads",),
+    "net_write": ("net_writes",),
+    "net_read": ("net_reads", "net_reads_again"),
+}
 
 #: The fast path's per-hypercall counters (struct pyvmm_fastpath, hcfast.h).
 FAST_PATH_COUNTERS = (
@@ -25,10 +53,12 @@ FAST_PATH_COUNTERS = (
 
 
 class ExitCounters:
-    """Exits seen by the run loop (KVM's own counters come from its stats fd)."""
+    """Exits seen by the run loop (KVM's own counters come from its stats fd),
+    and the hypercalls Python answered, by number."""
 
     def __init__(self) -> None:
         self.by_reason: Counter[str] = Counter()
+        self.hypercalls: Counter[int] = Counter()
 
     def count(self, exit: object) -> None:
         self.by_reason[type(exit).__name__] += 1
@@ -36,6 +66,17 @@ class ExitCounters:
     @property
     def total(self) -> int:
         return sum(self.by_reason.values())
+
+
+def hypercalls(exits: ExitCounters, fast_path: Any) -> dict[str, int]:
+    """Every hypercall answered, by name, C and Python together."""
+    out = {HYPERCALL_NAMES.get(n, str(n)): count for n, count in exits.hypercalls.items()}
+    if fast_path is not None:
+        for name, fields in _FAST_PATH_BY_NAME.items():
+            answered = sum(getattr(fast_path, f) for f in fields)
+            if answered:
+                out[name] = out.get(name, 0) + answered
+    return out
 
 
 def exits_to_pyvmm(exits: ExitCounters, fast_path: Any, transport: str) -> dict[str, int]:
@@ -87,9 +128,11 @@ def report(
 ) -> dict[str, Any]:
     """The whole counter set of a run (keys as documented for --stats)."""
     out: dict[str, Any] = {
+        "schema": SCHEMA,
         "cpl": cpl,
         "privilege": mode,
         "exits_to_pyvmm": exits_to_pyvmm(exits, fast_path, transport),
+        "hypercalls": hypercalls(exits, fast_path),
         "vcpu_thread_cpu_ns": vcpu_cpu_ns,
     }
     if traps is not None:

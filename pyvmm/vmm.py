@@ -9,10 +9,9 @@ releases all of it.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
-import sys
+import threading
 import time
 from contextlib import ExitStack
 from dataclasses import replace
@@ -37,6 +36,7 @@ from pyvmm.loader import DeviceType, load_kernel, page_protections, place
 from pyvmm.memory import GuestMemory
 from pyvmm.plan import Plan, make_plan
 from pyvmm.stats import ExitCounters, report
+from pyvmm.statsview import StatsOutput, open_json
 
 
 class Stopped(PyvmmError):
@@ -64,6 +64,11 @@ class Vmm:
         self.devices: list[tuple[DeviceKind, Device]] = []
         self.elapsed = 0.0
         self.vcpu_cpu_ns = 0
+        self.started: float | None = None
+        # Set while pyvmm's stop-signal handlers are installed (api.Guest.stop
+        # may send one to the vCPU thread only then).
+        self.running = threading.Event()
+        self.running_lock = threading.Lock()
         try:
             self.plan = make_plan(
                 config, machine=platform.machine(), flavour=kvm_flavour(), load=load_kernel
@@ -175,9 +180,12 @@ class Vmm:
         err = lib.pyvmm_signals_install(self.stop_fd, self.vcpu.run_area)
         if err:
             raise HostError(f"cannot install signal handlers: {os.strerror(-err)}")
+        self.running.set()
         service = self.net_service[1] if self.net_service else None
+        # This thread's CPU clock, readable from the statistics thread.
+        self._vcpu_clock = time.pthread_getcpuclockid(threading.get_ident())
+        self._vcpu_cpu_start = time.clock_gettime_ns(self._vcpu_clock)
         self.started = time.monotonic()
-        cpu_start = time.thread_time_ns()
         try:
             if service is not None:
                 service.start()
@@ -185,13 +193,21 @@ class Vmm:
         finally:
             if service is not None:
                 service.stop()
+            with self.running_lock:
+                self.running.clear()
             lib.pyvmm_signals_restore()
             self.elapsed = time.monotonic() - self.started
-            self.vcpu_cpu_ns = time.thread_time_ns() - cpu_start
+            self.vcpu_cpu_ns = time.clock_gettime_ns(self._vcpu_clock) - self._vcpu_cpu_start
+            self.started = None
 
     def counters(self) -> dict[str, Any]:
-        """Everything pyvmm counts, for --stats and for benchmarks."""
-        return report(
+        """Everything pyvmm counts so far (stats.py; docs/stats.md). Safe to
+        call from another thread while the guest runs."""
+        started = self.started
+        if started is not None:  # running: the totals so far
+            self.elapsed = time.monotonic() - started
+            self.vcpu_cpu_ns = time.clock_gettime_ns(self._vcpu_clock) - self._vcpu_cpu_start
+        snapshot = report(
             cpl=self.plan.cpl,
             mode=self.plan.mode,
             traps=self.exit_handler.counters() if self.exit_handler is not None else None,
@@ -203,6 +219,8 @@ class Vmm:
             kvm=self.kvm_stats.read() if self.kvm_stats is not None else None,
             net_service=self.net_service,
         )
+        snapshot["seconds"] = round(self.elapsed, 6)
+        return snapshot
 
     def _loop(self) -> int:
         vcpu = self.vcpu
@@ -211,11 +229,13 @@ class Vmm:
         hypercall = self.plan.arch.hypercall
         arch_answers = self.exit_handler.handle if self.exit_handler is not None else None
         count = self.exits.count
+        hypercalls = self.exits.hypercalls
         while True:
             exit = vcpu.run(fast_path)
             count(exit)
             call = hypercall(exit)
             if call is not None and call[0] in table:
+                hypercalls[call[0]] += 1
                 try:
                     table[call[0]](call[1])
                 except Halt as halt:
@@ -233,14 +253,20 @@ class Vmm:
 
 
 def run(config: VmConfig) -> int:
+    json_out = open_json(config.stats_json) if config.stats_json else None
     with Vmm(config) as vmm:
+        # Always there: SIGUSR1 prints the counters so far, whatever the options.
+        output = StatsOutput(
+            vmm.counters,
+            summary_at_exit=config.stats,
+            interval=config.stats_interval,
+            json_out=json_out,
+        )
+        output.start()
         try:
             return vmm.run()
         finally:
-            if config.stats:
-                counters = vmm.counters()
-                counters["seconds"] = round(vmm.elapsed, 6)
-                sys.stderr.write("pyvmm-stats: " + json.dumps(counters, sort_keys=True) + "\n")
+            output.finish(vmm.counters())
 
 
 __all__ = ["DeviceError", "Stopped", "Vmm", "VmConfig", "run"]

@@ -32,14 +32,18 @@ def udp_payload(seq: int, size: int) -> bytes:
 
 # -- pyvmm's output -------------------------------------------------------------
 
-STATS_PREFIX = "pyvmm-stats: "
+#: The option that makes pyvmm write its counters as one JSON line on
+#: stderr at exit (appended: /dev/stderr is never truncated), for
+#: parse_stats.
+STATS = "--stats-json=/dev/stderr"
+STATS_SCHEMA = '"schema": "pyvmm-stats/1"'
 
 
 def parse_stats(stderr: str) -> dict[str, Any]:
-    """The JSON counters ``pyvmm --stats`` printed on stderr (exactly one line)."""
-    lines = [line for line in stderr.splitlines() if line.startswith(STATS_PREFIX)]
-    assert len(lines) == 1, f"expected one {STATS_PREFIX!r} line in: {stderr!r}"
-    return json.loads(lines[0][len(STATS_PREFIX) :])
+    """The JSON counters pyvmm wrote on stderr with STATS (exactly one line)."""
+    lines = [line for line in stderr.splitlines() if STATS_SCHEMA in line]
+    assert len(lines) == 1, f"expected one JSON counters line in: {stderr!r}"
+    return json.loads(lines[0])
 
 
 def guest_report(stdout: str) -> dict[str, str]:

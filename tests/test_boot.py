@@ -76,7 +76,12 @@ def test_block_requests_checked_alike_by_c_and_python(cpl, disk, engine):
     with PYVMM_PY_HYPERCALLS=1: the guest sees the same results."""
     env = engine_env(engine)
     result = run_pyvmm(
-        f"--cpl={cpl}", "--stats", f"--block:storage={disk}", guest("blocktest"), "strict", env=env
+        f"--cpl={cpl}",
+        helpers.STATS,
+        f"--block:storage={disk}",
+        guest("blocktest"),
+        "strict",
+        env=env,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout and "FAIL" not in result.stdout

@@ -16,7 +16,7 @@ import re
 import pytest
 
 from conftest import guest, run_pyvmm
-from testkit.helpers import parse_stats
+from testkit.helpers import STATS, parse_stats
 
 pytestmark = pytest.mark.kvm
 
@@ -28,7 +28,7 @@ def lines_without_timing(text: str) -> list[str]:
 
 
 def run_seq(mode: str, *args: str):
-    result = run_pyvmm("--stats", f"--cpl={mode}", guest("solo5seq"), *args, timeout=300)
+    result = run_pyvmm(STATS, f"--cpl={mode}", guest("solo5seq"), *args, timeout=300)
     return result, parse_stats(result.stderr)
 
 
@@ -91,7 +91,7 @@ def test_an_unemulated_privileged_instruction_ends_the_run_in_one_line():
 
 
 def test_auto_runs_guests_without_the_note_deprivileged_on_pvm():
-    result = run_pyvmm("--stats", guest("solo5seq"), timeout=300)
+    result = run_pyvmm(STATS, guest("solo5seq"), timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     stats = parse_stats(result.stderr)
     assert stats["privilege"] == ("deprivileged" if PVM else "kernel")

@@ -35,7 +35,7 @@ def test_guest_answers_ping_over_tap(engine):
         ns.add_tap("tap100", address="10.0.0.1/24")
         vm, head = start_guest(
             ns,
-            "--stats",
+            helpers.STATS,
             "--shm=off",
             "--net:service0=tap100",
             guest("ping"),

@@ -28,7 +28,7 @@ class Guest:
 
     def __init__(self, ns: NetNamespace, mode: str, name: str, *args: str) -> None:
         self.proc, self.head = ns.start_pyvmm(
-            "--stats",
+            helpers.STATS,
             f"--shm={mode}",
             "--net:service0=tap100",
             f"--net-mac:service0={GUEST_MAC}",
@@ -189,7 +189,7 @@ def test_solo5_ring_guest_answers_ping(mode):
     IO thread: reads committed, writes sent, kicks only when it sleeps."""
     with namespace() as ns:
         vm, head = ns.start_pyvmm(
-            "--stats",
+            helpers.STATS,
             f"--shm={mode}",
             "--net:service0=tap100",
             guest("s5ring"),
@@ -291,7 +291,7 @@ def test_hostile_guest_cannot_hurt_the_host(name, mode):
             ["ip", "neigh", "replace", GUEST_IP, "lladdr", GUEST_MAC, "dev", "tap100"], check=True
         )
         vm, _ = ns.start_pyvmm(
-            "--stats",
+            helpers.STATS,
             f"--shm={mode}",
             "--net:service0=tap100",
             f"--net-mac:service0={GUEST_MAC}",
