@@ -158,7 +158,8 @@ static int service_rx(struct iothread *io, struct io_link *l)
 
 int io_link_service(struct iothread *io, struct io_link *l)
 {
-    return io_link_service_tx(l) + service_rx(io, l);
+    int work = io_link_service_tx(l);   /* TX first, as before the split */
+    return work + service_rx(io, l);
 }
 
 int io_add_port(struct iothread *io, int backend_fd, void *rx, void *tx, uint32_t slots)
