@@ -1,7 +1,7 @@
-"""``python -m pyvmm`` is the ``pyvmm`` command."""
+"""``python -m pyvmm`` is the ``pyvmm`` command (pyvmm.entry: signals first)."""
 
 import sys
 
-from pyvmm.cli import main
+from pyvmm.entry import main
 
 sys.exit(main())

@@ -1,92 +1,445 @@
 """The ``pyvmm`` command: solo5-hvt's command line, accepted as is.
 
     pyvmm [OPTIONS] [--] KERNEL [ARGS...]
+    pyvmm --query-manifest [--json] KERNEL
 
 Tender options all come before the unikernel path; the first argument that
 is not an option (or the one after ``--``) is the unikernel and every
 argument after it belongs to the guest, even one starting with ``--``.
-Every error ends in one line on stderr and a non-zero exit, never a
-traceback.
+An option that takes a value accepts ``--opt=VALUE`` and ``--opt VALUE``;
+each option may be given once. Every error ends in one line on stderr and
+a non-zero exit, never a traceback.
+
+Every option is one entry of ``OPTIONS`` (pyvmm's core) or an ``Option`` of
+a device kind (pyvmm.devices); --help, the man page (docs/pyvmm.1) and bash
+completion (scripts/pyvmm-completion.bash) are all made from them
+(``usage()`` here, pyvmm/clidocs.py for the other two).
 """
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 import re
 import signal
 import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
-from pyvmm import __version__
+from pyvmm import __version__, entry
 from pyvmm.config import DEFAULT_MEM_MIB, VmConfig, positive_int
-from pyvmm.devices import kinds, option_table
-from pyvmm.errors import PyvmmError, UsageError
-from pyvmm.statsview import parse_interval
+from pyvmm.devices import DeviceKind, Option, kinds, option_table
+from pyvmm.errors import OutputError, PyvmmError, UsageError
 
-USAGE_TEMPLATE = f"""\
-usage: pyvmm [OPTIONS] [--] KERNEL [ARGS...]
-
-Run a Solo5 hvt unikernel on KVM. Options (solo5-hvt compatible):
-  --mem=N                       guest memory in MiB (default {DEFAULT_MEM_MIB})
-{{device_options}}  --cpl=auto|0|3|deprivileged   privilege level of the guest: 0 as solo5-hvt;
-                                3 (user mode, native speed on PVM hosts) for
-                                a guest that declares it; deprivileged runs
-                                any other guest at 3, trapping and emulating
-                                its privileged instructions; auto picks 3 or
-                                deprivileged on a PVM host, else 0 (default)
-  --shm=off|poll|event|hybrid   shmstream ring networking for guests with a
-                                shmstream driver: the IO thread's mode
-                                (default event; off = plain hypercalls)
-  --hybrid-budget=US            hybrid mode: keep polling this many
-                                microseconds without work before sleeping
-                                (default 50)
-  --no-net-ring                 do not offer Solo5's ring I/O to Solo5 v0.11+
-                                unikernels (as solo5-hvt's option)
-  --legacy-abi                  also boot unikernels with hvt ABI version 1
-                                (built with Solo5 0.9 or older): plain
-                                hypercalls, no rings
-  --shm-slots=N                 slots per ring, a power of two (default: as
-                                many as fit in 1/8 of guest memory, <= 4096)
-  --pin=vcpu=N,io=M             pin the vCPU thread and/or the IO thread
-                                to CPUs (also: --pin vcpu=N,io=M)
-  --stats[=INTERVAL]            counters on stderr: a summary at exit and, with
-                                an interval (1s, 500ms), a line of rates per
-                                interval (VM exits by reason, hypercalls,
-                                frames, drops, kicks, wake-ups, CPU); SIGUSR1
-                                prints the counters so far
-  --stats-json=FILE             the counters as JSON (docs/stats.md) at exit,
-                                and per interval with --stats=INTERVAL; FILE
-                                - is stdout
-  --help                        show this help
-  --version, --host-info        show version and what this host's KVM provides
-Everything after KERNEL is the guest's command line.
-"""
-
-_NAMED = re.compile(r"^--([a-z-]+):([^=]*)=(.*)$")
-_SHORT = re.compile(r"^--([a-z-]+)=(.*)$")
-_HELP_COLUMN = 32
 CPL_VALUES = ("auto", "0", "3", "deprivileged")
+SHM_VALUES = ("off", "poll", "event", "hybrid")
+LOG_LEVELS = ("error", "warning", "info", "debug")
 _NAME_OK = re.compile(r"^[A-Za-z0-9]{1,67}$")
-
+_HELP_COLUMN = 32
 
 # The hybrid budget is microseconds of polling without work; past a second
 # it is poll mode, and the C side holds it in 32 bits.
 MAX_HYBRID_BUDGET_US = 1_000_000
 
 
-def _parse_pin(value: str, config: VmConfig) -> None:
+@dataclass
+class Command:
+    """What the command line asks for."""
+
+    config: VmConfig
+    #: "run", "help", "version" or "query-manifest".
+    action: str = "run"
+    json: bool = False
+    log_level: str = "warning"
+    #: setting -> the argument that gave it (each may be given once).
+    given: dict[tuple[str, str | None], str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CliOption:
+    """One of pyvmm's own options (device options: pyvmm.devices.Option).
+
+    ``metavar`` empty: a flag without a value. ``optional_value``: the value
+    is given only as ``--opt=VALUE`` (``--stats[=INTERVAL]``). Options with
+    the same ``setting`` set one thing and may not be combined (``-v`` and
+    ``--quiet``). ``complete``: "file", or choices separated by "|".
+    """
+
+    names: tuple[str, ...]
+    metavar: str
+    help: str
+    apply: Callable[[Command, str, str | None], None]
+    optional_value: bool = False
+    setting: str = ""
+    complete: str = ""
+
+    @property
+    def takes_value(self) -> bool:
+        return bool(self.metavar)
+
+    @property
+    def key(self) -> str:
+        return self.setting or self.names[-1]
+
+    def form(self) -> str:
+        """How --help and the man page show it: ``-h, --help``, ``--mem=N``."""
+        if not self.metavar:
+            value = ""
+        elif self.optional_value:
+            value = f"[={self.metavar}]"
+        else:
+            value = f"={self.metavar}"
+        return ", ".join(self.names) + value
+
+
+# -- the core options ------------------------------------------------------------
+
+
+def _set(attr: str, convert: Callable[[str, str], object] | None = None):
+    def apply(cmd: Command, name: str, value: str | None) -> None:
+        setattr(cmd.config, attr, True if value is None else convert(name, value))
+
+    return apply
+
+
+def _choice(values: tuple[str, ...]) -> Callable[[str, str], str]:
+    def check(name: str, value: str) -> str:
+        if value not in values:
+            raise UsageError(f"{name}: '{value}' is not one of {', '.join(values)}")
+        return value
+
+    return check
+
+
+def _mem(name: str, value: str) -> int:
+    if not re.fullmatch(r"[0-9]+", value) or int(value) <= 0:
+        raise UsageError(f"Malformed argument to --mem: '{value}' is not a positive integer")
+    return int(value)
+
+
+def _shm_slots(name: str, value: str) -> int:
+    slots = positive_int(name, value)
+    if slots & (slots - 1) or not 2 <= slots <= 32768:
+        raise UsageError(f"{name}: {slots} is not a power of two in [2, 32768]")
+    return slots
+
+
+def _pin(cmd: Command, name: str, value: str | None) -> None:
     cpus = os.sched_getaffinity(0)
-    for part in value.split(","):
+    for part in (value or "").split(","):
         thread, _, cpu = part.partition("=")
         if thread not in ("vcpu", "io") or not re.fullmatch(r"[0-9]{1,6}", cpu):
             raise UsageError(f"--pin: '{part}' is not vcpu=N or io=N")
         if int(cpu) not in cpus:
             raise UsageError(f"--pin: CPU {cpu} is not available (usable: {sorted(cpus)})")
-        setattr(config, f"pin_{thread}", int(cpu))
+        setattr(cmd.config, f"pin_{thread}", int(cpu))
 
 
-def parse_args(argv: list[str]) -> VmConfig | str:
-    """A VmConfig, or "help" / "version" for those requests."""
-    config = VmConfig(kernel="")
+def _stats(cmd: Command, name: str, value: str | None) -> None:
+    cmd.config.stats = True
+    if value is not None:
+        from pyvmm.statsview import parse_interval
+
+        cmd.config.stats_interval = parse_interval("--stats", value)
+
+
+def _stats_json(cmd: Command, name: str, value: str | None) -> None:
+    if not value:
+        raise UsageError("--stats-json=: missing FILE (or - for stdout)")
+    cmd.config.stats_json = value
+
+
+def _level(level: str):
+    def apply(cmd: Command, name: str, value: str | None) -> None:
+        cmd.log_level = level if value is None else _choice(LOG_LEVELS)(name, value)
+
+    return apply
+
+
+def _action(action: str):
+    def apply(cmd: Command, name: str, value: str | None) -> None:
+        cmd.action = action
+
+    return apply
+
+
+def _json(cmd: Command, name: str, value: str | None) -> None:
+    cmd.json = True
+
+
+_DEVICES = object()  # where the device kinds' options go in --help
+
+OPTIONS: tuple[CliOption | object, ...] = (
+    CliOption(
+        ("--mem",),
+        "N",
+        f"guest memory in MiB (default {DEFAULT_MEM_MIB}), rounded down to\n"
+        "a multiple of 2 MiB (with a note on stderr), at most 4096",
+        _set("mem_mib", _mem),
+    ),
+    _DEVICES,
+    CliOption(
+        ("--cpl",),
+        "auto|0|3|deprivileged",
+        "privilege level of the guest: 0 as solo5-hvt;\n"
+        "3 (user mode, native speed on PVM hosts) for\n"
+        "a guest that declares it; deprivileged runs\n"
+        "any other guest at 3, trapping and emulating\n"
+        "its privileged instructions; auto picks 3 or\n"
+        "deprivileged on a PVM host, else 0 (default)",
+        _set("cpl", _choice(CPL_VALUES)),
+        complete="|".join(CPL_VALUES),
+    ),
+    CliOption(
+        ("--shm",),
+        "off|poll|event|hybrid",
+        "shmstream ring networking for guests with a\n"
+        "shmstream driver: the IO thread's mode\n"
+        "(default event; off = plain hypercalls)",
+        _set("shm", _choice(SHM_VALUES)),
+        complete="|".join(SHM_VALUES),
+    ),
+    CliOption(
+        ("--hybrid-budget",),
+        "US",
+        "hybrid mode: keep polling this many\n"
+        "microseconds without work before sleeping\n"
+        "(default 50)",
+        _set("hybrid_budget_us", lambda n, v: positive_int(n, v, MAX_HYBRID_BUDGET_US)),
+    ),
+    CliOption(
+        ("--no-net-ring",),
+        "",
+        "do not offer Solo5's ring I/O to Solo5 v0.11+\nunikernels (as solo5-hvt's option)",
+        _set("no_net_ring"),
+    ),
+    CliOption(
+        ("--legacy-abi",),
+        "",
+        "also boot unikernels with hvt ABI version 1\n"
+        "(built with Solo5 0.9 or older): plain\n"
+        "hypercalls, no rings",
+        _set("legacy_abi"),
+    ),
+    CliOption(
+        ("--shm-slots",),
+        "N",
+        "slots per ring, a power of two (default: as\nmany as fit in 1/8 of guest memory, <= 4096)",
+        _set("shm_slots", _shm_slots),
+    ),
+    CliOption(
+        ("--pin",),
+        "vcpu=N,io=M",
+        "pin the vCPU thread and/or the IO thread\nto CPUs",
+        _pin,
+    ),
+    CliOption(
+        ("--stats",),
+        "INTERVAL",
+        "counters on stderr: a summary at exit and, with\n"
+        "an interval (1s, 500ms), a line of rates per\n"
+        "interval (VM exits by reason, hypercalls,\n"
+        "frames, drops, kicks, wake-ups, CPU); SIGUSR1\n"
+        "prints the counters so far",
+        _stats,
+        optional_value=True,
+    ),
+    CliOption(
+        ("--stats-json",),
+        "FILE",
+        "the counters as JSON (docs/stats.md) at exit,\n"
+        "and per interval with --stats=INTERVAL; FILE\n"
+        "- is stdout",
+        _stats_json,
+        complete="file",
+    ),
+    CliOption(
+        ("-v",),
+        "",
+        "say what pyvmm decides and why (log level\n"
+        "info): privilege mode, device back ends,\n"
+        "memory layout, ring placement",
+        _level("info"),
+        setting="log level",
+    ),
+    CliOption(
+        ("-vv",),
+        "",
+        "also debug: the vCPU's registers when a run\nends in a fault",
+        _level("debug"),
+        setting="log level",
+    ),
+    CliOption(
+        ("--log-level",),
+        "LEVEL",
+        "error, warning (default: only what solo5-hvt\nwould say too), info (-v) or debug (-vv)",
+        _level(""),
+        setting="log level",
+        complete="|".join(LOG_LEVELS),
+    ),
+    CliOption(
+        ("-q", "--quiet"),
+        "",
+        "errors only: no warnings, such as the note\nthat --mem was rounded",
+        _level("error"),
+        setting="log level",
+    ),
+    CliOption(
+        ("--query-manifest",),
+        "",
+        "print KERNEL's declared devices, its Solo5 ABI\n"
+        "and pyvmm capability notes, and exit (as\n"
+        "solo5-elftool query-manifest)",
+        _action("query-manifest"),
+        setting="action",
+    ),
+    CliOption(
+        ("--json",),
+        "",
+        "--query-manifest: as JSON (solo5-elftool's\nobject, plus pyvmm's facts)",
+        _json,
+    ),
+    CliOption(("-h", "--help"), "", "show this help", _action("help")),
+    CliOption(
+        ("--version", "--host-info"),
+        "",
+        "show version and what this host's KVM provides",
+        _action("version"),
+    ),
+)
+
+#: (status, meaning), for --help and the man page.
+EXIT_STATUSES = (
+    ("0-255", "the guest's: solo5_exit(n), its low 8 bits; 255 for solo5_abort()"),
+    (
+        "1",
+        "pyvmm's own error, one line on stderr starting with 'pyvmm: ' (bad option, kernel or "
+        "device, a guest fault, console output that cannot be written)",
+    ),
+    ("128+N", "stopped by signal N: 129 SIGHUP, 130 SIGINT, 143 SIGTERM, at any moment"),
+)
+#: (variable, meaning), for --help and the man page.
+ENVIRONMENT = (
+    ("PYVMM_DEBUG=1", "show the traceback behind 'pyvmm: internal error' (a pyvmm bug)"),
+    ("PYVMM_PY_HYPERCALLS=1", "answer every hypercall in Python instead of in C"),
+)
+
+
+def core_options() -> list[CliOption]:
+    return [opt for opt in OPTIONS if isinstance(opt, CliOption)]
+
+
+@dataclass(frozen=True)
+class HelpEntry:
+    """One line group of --help and one .TP of the man page."""
+
+    form: str
+    help: str
+    names: tuple[str, ...]
+    complete: str = ""
+    takes_value: bool = False
+
+
+def device_entries(kind: DeviceKind, opt: Option) -> list[HelpEntry]:
+    value = f"={opt.metavar}" if opt.takes_value else ""
+    flag = f"--{opt.flag}"
+    out = []
+    if opt.named:
+        out.append(HelpEntry(f"{flag}:NAME{value}", opt.help, (f"{flag}:",), opt.complete, True))
+    if opt.short:
+        text = (
+            f"the same, when the manifest has one {kind.label}\ndevice" if opt.named else opt.help
+        )
+        out.append(HelpEntry(f"{flag}{value}", text, (flag,), opt.complete, opt.takes_value))
+    return out
+
+
+def help_entries() -> Iterator[HelpEntry]:
+    """Every option as --help lists it, in order."""
+    for opt in OPTIONS:
+        if isinstance(opt, CliOption):
+            yield HelpEntry(opt.form(), opt.help, opt.names, opt.complete, opt.takes_value)
+        else:
+            for kind in kinds():
+                for device_opt in kind.options:
+                    yield from device_entries(kind, device_opt)
+
+
+def usage() -> str:
+    """--help: every option, the exit statuses, the environment."""
+    lines = [
+        "usage: pyvmm [OPTIONS] [--] KERNEL [ARGS...]",
+        "       pyvmm --query-manifest [--json] KERNEL",
+        "",
+        "Run a Solo5 hvt unikernel on KVM. Options (solo5-hvt's, and pyvmm's own):",
+    ]
+    for item in help_entries():
+        first, *rest = item.help.split("\n")
+        if len(item.form) > _HELP_COLUMN - 3:
+            lines.append(f"  {item.form}")
+            rest = [first, *rest]
+        else:
+            lines.append(f"  {item.form:<{_HELP_COLUMN - 2}}{first}")
+        lines += [" " * _HELP_COLUMN + more for more in rest]
+    lines += [
+        "An option that takes a value accepts --opt=VALUE and --opt VALUE; each",
+        "option may be given once. Everything after KERNEL is the guest's",
+        "command line.",
+        "",
+        "Exit status:",
+    ]
+    lines += [f"  {status:<8}{text}" for status, text in EXIT_STATUSES]
+    lines += ["", "Environment:"]
+    lines += [f"  {name:<24}{text}" for name, text in ENVIRONMENT]
+    return "\n".join(lines) + "\n"
+
+
+# -- parsing ---------------------------------------------------------------------
+
+
+def _spellings() -> dict[str, CliOption]:
+    return {name: opt for opt in core_options() for name in opt.names}
+
+
+def all_spellings() -> list[str]:
+    """Every option name as typed (device options with their ':')."""
+    names = list(_spellings())
+    for flag, (_kind, opt) in option_table().items():
+        if opt.named:
+            names.append(f"--{flag}:")
+        if opt.short:
+            names.append(f"--{flag}")
+    return names
+
+
+def _invalid(arg: str) -> UsageError:
+    head = arg.split("=", 1)[0]
+    if head.startswith("--") and ":" in head:
+        head = head.split(":", 1)[0] + ":"
+    names = all_spellings()
+    prefixed = [n for n in names if n.startswith(head) and len(head) >= 3]
+    close = prefixed if len(prefixed) == 1 else difflib.get_close_matches(head, names, 1, 0.6)
+    hint = ""
+    if close:
+        hint = f"did you mean {close[0] + 'NAME' if close[0].endswith(':') else close[0]}? "
+    return UsageError(f"Invalid option: `{arg}' ({hint}see pyvmm --help)")
+
+
+def _once(cmd: Command, key: tuple[str, str | None], arg: str, shown: str) -> None:
+    first = cmd.given.get(key)
+    if first is not None:
+        if first.split("=", 1)[0] == arg.split("=", 1)[0]:
+            raise UsageError(
+                f"{shown} given twice ({first}, then {arg}): each option may be given once"
+            )
+        raise UsageError(f"{first} and {arg} both set the {key[0]}: give one of them")
+    cmd.given[key] = arg
+
+
+def parse_command(argv: list[str]) -> Command:
+    cmd = Command(VmConfig(kernel=""))
+    core = _spellings()
     devices = option_table()
     i = 0
     while i < len(argv):
@@ -96,103 +449,69 @@ def parse_args(argv: list[str]) -> VmConfig | str:
             break
         if not arg.startswith("-") or arg == "-":
             break
-        if arg in ("--help", "-h"):
-            return "help"
-        if arg in ("--version", "--host-info"):
-            return "version"
-        if arg.startswith("--mem="):
-            config.mem_mib = positive_int("--mem", arg[len("--mem=") :])
-        elif arg.startswith("--shm="):
-            value = arg[len("--shm=") :]
-            if value not in ("off", "poll", "event", "hybrid"):
-                raise UsageError(f"--shm: '{value}' is not one of off, poll, event, hybrid")
-            config.shm = value
-        elif arg.startswith("--hybrid-budget="):
-            config.hybrid_budget_us = positive_int(
-                "--hybrid-budget", arg.split("=", 1)[1], MAX_HYBRID_BUDGET_US
-            )
-        elif arg.startswith("--shm-slots="):
-            slots = positive_int("--shm-slots", arg.split("=", 1)[1])
-            if slots & (slots - 1) or not 2 <= slots <= 32768:
-                raise UsageError(f"--shm-slots: {slots} is not a power of two in [2, 32768]")
-            config.shm_slots = slots
-        elif arg == "--pin" or arg.startswith("--pin="):
-            if arg == "--pin":
+        head, eq, value = arg.partition("=")
+        given_value: str | None = value if eq else None
+        if head in core:
+            opt = core[head]
+            shown = head
+            if opt.takes_value and given_value is None and not opt.optional_value:
                 i += 1
                 if i >= len(argv):
-                    raise UsageError("--pin: missing value (e.g. --pin vcpu=0,io=1)")
-                value = argv[i]
-            else:
-                value = arg[len("--pin=") :]
-            _parse_pin(value, config)
-        elif arg == "--no-net-ring":
-            config.no_net_ring = True
-        elif arg == "--legacy-abi":
-            config.legacy_abi = True
-        elif arg == "--stats" or arg.startswith("--stats="):
-            config.stats = True
-            if arg != "--stats":
-                config.stats_interval = parse_interval("--stats", arg[len("--stats=") :])
-        elif arg.startswith("--stats-json="):
-            path = arg[len("--stats-json=") :]
-            if not path:
-                raise UsageError("--stats-json=: missing FILE (or - for stdout)")
-            config.stats_json = path
-        elif arg.startswith("--cpl="):
-            value = arg[len("--cpl=") :]
-            if value not in CPL_VALUES:
-                raise UsageError(f"--cpl: '{value}' is not one of {', '.join(CPL_VALUES)}")
-            config.cpl = value
-        elif (match := _NAMED.match(arg)) and match.group(1) in devices:
-            _device_option(arg, *match.groups(), devices, config)
-        elif (match := _SHORT.match(arg)) and devices.get(match.group(1), (0, None))[1].short:
-            flag, value = match.groups()
-            if not value:
-                raise UsageError(f"--{flag}=: missing {devices[flag][1].metavar}")
-            config.devices.setdefault(flag, {})[None] = value
+                    raise UsageError(f"{head}: missing value ({head}={opt.metavar})")
+                given_value = argv[i]
+                arg = f"{head}={given_value}"
+            elif not opt.takes_value and given_value is not None:
+                raise UsageError(f"{head} takes no value (given: {arg})")
+            _once(cmd, (opt.key, None), arg, shown)
+            opt.apply(cmd, head, given_value)
+            if cmd.action in ("help", "version"):
+                return cmd
+        elif head.startswith("--") and head[2:].partition(":")[0] in devices:
+            flag, colon, name = head[2:].partition(":")
+            _kind, opt = devices[flag]
+            if colon and not opt.named or not colon and not opt.short:
+                raise _invalid(arg)
+            if colon and not _NAME_OK.match(name):
+                raise UsageError(f"{arg}: invalid device name '{name}' (1-67 of [A-Za-z0-9])")
+            if opt.takes_value and given_value is None:
+                i += 1
+                if i >= len(argv):
+                    raise UsageError(f"{head}: missing value ({head}={opt.metavar})")
+                given_value = argv[i]
+                arg = f"{head}={given_value}"
+            elif not opt.takes_value and given_value is not None:
+                raise UsageError(f"{head} takes no value (given: {arg})")
+            if opt.takes_value and not given_value:
+                raise UsageError(f"{arg}: missing {opt.metavar} after '='")
+            _once(cmd, (head, None), arg, head)
+            value = opt.parse(head, given_value) if opt.takes_value else True
+            cmd.config.devices.setdefault(flag, {})[name if colon else None] = value
         else:
-            raise UsageError(f"unknown option '{arg}' (see pyvmm --help)")
+            raise _invalid(arg)
         i += 1
     if i >= len(argv):
-        raise UsageError("missing KERNEL (see pyvmm --help)")
-    config.kernel = argv[i]
-    config.guest_args = argv[i + 1 :]
-    if config.hybrid_budget_us is not None and config.shm != "hybrid":
+        raise UsageError("Missing KERNEL operand (see pyvmm --help)")
+    cmd.config.kernel = argv[i]
+    cmd.config.guest_args = argv[i + 1 :]
+    if cmd.json and cmd.action != "query-manifest":
+        raise UsageError("--json applies only to --query-manifest")
+    if cmd.action == "query-manifest" and cmd.config.guest_args:
+        raise UsageError(
+            f"--query-manifest takes only KERNEL (options go before it; "
+            f"given after it: {' '.join(cmd.config.guest_args)})"
+        )
+    if cmd.config.hybrid_budget_us is not None and cmd.config.shm != "hybrid":
         raise UsageError("--hybrid-budget applies only to --shm=hybrid")
-    return config
+    return cmd
 
 
-def _device_option(arg: str, flag: str, name: str, value: str, devices, config) -> None:
-    """``--FLAG:NAME=VALUE`` of a registered device kind."""
-    _kind, option = devices[flag]
-    if not _NAME_OK.match(name):
-        raise UsageError(f"{arg}: invalid device name '{name}' (1-67 of [A-Za-z0-9])")
-    if not value:
-        raise UsageError(f"{arg}: missing value after '='")
-    given = config.devices.setdefault(flag, {})
-    if name in given:
-        raise UsageError(f"--{flag}:{name} given twice")
-    given[name] = option.parse(f"--{flag}:{name}", value)
+def parse_args(argv: list[str]) -> VmConfig | str:
+    """A VmConfig, or the action ("help", "version", "query-manifest")."""
+    cmd = parse_command(argv)
+    return cmd.config if cmd.action == "run" else cmd.action
 
 
-def usage() -> str:
-    """--help, with each registered device kind's options."""
-    lines = []
-    for kind in kinds():
-        for opt in kind.options:
-            forms = [(f"--{opt.flag}:NAME={opt.metavar}", opt.help)]
-            if opt.short:
-                forms.append(
-                    (
-                        f"--{opt.flag}={opt.metavar}",
-                        f"the same, when the manifest has one {kind.label} device",
-                    )
-                )
-            for form, text in forms:
-                first, *rest = text.split("\n")
-                lines.append(f"  {form:<{_HELP_COLUMN - 2}}{first}")
-                lines += [" " * _HELP_COLUMN + more for more in rest]
-    return USAGE_TEMPLATE.format(device_options="\n".join(lines) + "\n")
+# -- the other actions -----------------------------------------------------------
 
 
 def version_text() -> str:
@@ -231,40 +550,113 @@ def version_text() -> str:
     return "\n".join(lines)
 
 
+def _say(line: str) -> None:
+    """One line on stderr (sys.stderr is None if fd 2 was closed at start)."""
+    try:
+        if sys.stderr is not None:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _emit(text: str) -> None:
+    """``text`` on stdout, or OutputError (stdout closed, full, gone)."""
+    data = text.encode()
+    try:
+        while data:
+            data = data[os.write(1, data) :]
+    except OSError as err:
+        raise OutputError(f"cannot write to standard output: {err.strerror or err}") from None
+
+
+def _standard_fds() -> None:
+    """Refuse a closed stdout at once (the guest's console goes there), and
+    hold fds 0 and 2 open if they are closed, so that no device or file
+    pyvmm opens later gets one of them."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        if fd == 1:
+            raise OutputError(
+                "standard output is closed: the guest's console output would be lost "
+                "(redirect it to a file or /dev/null instead)"
+            )
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+
+
+class _LineFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return "pyvmm: " + " ".join(super().format(record).split("\n"))
+
+
+def _setup_logging(level: str) -> None:
+    from pyvmm.log import log
+
+    handler = logging.StreamHandler(sys.stderr if sys.stderr is not None else sys.__stderr__)
+    handler.setFormatter(_LineFormatter())
+    log.handlers[:] = [handler]
+    log.propagate = False
+    log.setLevel(level.upper())
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # SIGUSR1 asks a running guest's counters (statsview.py); before the
     # guest runs there are none to print, and it must not kill pyvmm.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     try:
-        parsed = parse_args(argv)
-        if parsed == "help":
-            sys.stdout.write(usage())
+        _standard_fds()
+        cmd = parse_command(argv)
+        if cmd.action == "help":
+            _emit(usage())
             return 0
-        if parsed == "version":
-            print(version_text())
+        if cmd.action == "version":
+            _emit(version_text() + "\n")
+            return 0
+        _setup_logging(cmd.log_level)
+        if cmd.action == "query-manifest":
+            from pyvmm.query import query_manifest
+
+            _emit(query_manifest(cmd.config.kernel, as_json=cmd.json, legacy=True))
             return 0
         from pyvmm.vmm import run
 
-        return run(parsed)
+        return run(cmd.config)
     except PyvmmError as err:
-        sys.stdout.flush()
-        print(f"pyvmm: {err}", file=sys.stderr)
-        return err.exit_status
-    except KeyboardInterrupt:
-        print("pyvmm: interrupted", file=sys.stderr)
-        return 130
-    except Exception as err:  # a pyvmm bug: still one line, details on request
-        if os.environ.get("PYVMM_DEBUG"):
+        if entry.stop_signal():
             raise
-        sys.stdout.flush()
-        print(
+        if sys.stdout is not None:
+            try:
+                sys.stdout.flush()
+            except OSError:
+                pass
+        _say(f"pyvmm: {err}")
+        return err.exit_status
+    except KeyboardInterrupt:  # called without pyvmm.entry (tests, a program)
+        _say(f"pyvmm: {stop_text(signal.SIGINT)}")
+        return 128 + signal.SIGINT
+    except Exception as err:  # a pyvmm bug: still one line, details on request
+        if entry.stop_signal() or os.environ.get("PYVMM_DEBUG"):
+            raise
+        _say(
             f"pyvmm: internal error: {type(err).__name__}: {err} "
-            "(PYVMM_DEBUG=1 shows where; please report it)",
-            file=sys.stderr,
+            "(PYVMM_DEBUG=1 shows where; please report it)"
         )
         return 1
 
 
+def stop_text(signum: int) -> str:
+    from pyvmm.errors import stop_message
+
+    return stop_message(signum)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry.main())

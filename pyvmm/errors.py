@@ -30,5 +30,21 @@ class HostError(PyvmmError):
     """The host cannot run guests (no /dev/kvm, no permission, KVM failure)."""
 
 
+class OutputError(PyvmmError):
+    """pyvmm cannot write the guest's console output (stdout closed, full)."""
+
+
 class GuestFault(PyvmmError):
     """The guest did something that ends its run (fault, bad pointer)."""
+
+
+def stop_message(signum: int) -> str:
+    """The one line for a run ended by a stop signal (status 128 + signum),
+    with solo5-hvt's words for the same event."""
+    import signal
+
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    return f"stopped by {name} (Exiting on signal {signum})"

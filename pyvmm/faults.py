@@ -6,10 +6,12 @@ port access); what is left means the same everywhere.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from pyvmm.errors import GuestFault
 from pyvmm.kvm import FailEntry, Hlt, InternalError, MemoryFault, Mmio
+from pyvmm.log import log
 
 if TYPE_CHECKING:
     from pyvmm.arch import Arch
@@ -18,6 +20,8 @@ if TYPE_CHECKING:
 
 
 def fault(exit: VcpuExit, arch: Arch, vcpu: Vcpu, memory: GuestMemory) -> GuestFault:
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("vCPU registers at the fault: %s", arch.registers(vcpu))
     specific = arch.explain(exit, vcpu, memory)
     if specific is not None:
         return specific
@@ -25,12 +29,16 @@ def fault(exit: VcpuExit, arch: Arch, vcpu: Vcpu, memory: GuestMemory) -> GuestF
     match exit:
         case MemoryFault(gpa=gpa):
             at = f" at {gpa:#x}" if gpa is not None else ""
-            return GuestFault(f"guest fault: write to read-only memory{at} ({where})")
+            return GuestFault(
+                f"guest fault: KVM: host/guest translation fault: write to read-only "
+                f"memory{at} ({where})"
+            )
         case Mmio(addr=addr, is_write=is_write) if addr < memory.size:
             # Under PVM, fetching code from a page the host mapped without
             # exec shows up as an MMIO exit inside RAM.
             return GuestFault(
-                f"guest fault: translation fault {'writing' if is_write else 'accessing'} "
+                f"guest fault: KVM: host/guest translation fault "
+                f"{'writing' if is_write else 'accessing'} "
                 f"{addr:#x} (not executable or not accessible) ({where})"
             )
         case Mmio(addr=addr, is_write=is_write):
@@ -38,12 +46,13 @@ def fault(exit: VcpuExit, arch: Arch, vcpu: Vcpu, memory: GuestMemory) -> GuestF
             return GuestFault(f"guest fault: {verb} unmapped address {addr:#x} ({where})")
         case InternalError(suberror=sub):
             return GuestFault(
-                f"guest fault: KVM internal error, suberror {sub} "
+                f"guest fault: KVM: internal error exit: suberror={sub:#x} "
                 f"(instruction KVM cannot emulate?) ({where})"
             )
         case FailEntry(hardware_reason=reason):
             return GuestFault(
-                f"KVM could not enter the guest, hardware reason {reason:#x} ({where})"
+                f"KVM: entry failure: hw_entry_failure_reason={reason:#x} "
+                f"(KVM could not enter the guest) ({where})"
             )
         case Hlt():
             return GuestFault(f"guest halted the CPU without the halt hypercall ({where})")

@@ -10,6 +10,7 @@ without KVM. ``vmm.Vmm`` carries the plan out.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from pyvmm.errors import UsageError
 from pyvmm.hvt.bootinfo import join_cmdline
 from pyvmm.iothread import DEFAULT_HYBRID_BUDGET_US, IoConfig
 from pyvmm.loader import DeviceType, Kernel
+from pyvmm.log import log
 from pyvmm.sizes import GUEST_MEMORY_LIMIT, MEM_GRANULE, MIB
 
 KernelLoader = Callable[..., Kernel]
@@ -78,39 +80,117 @@ def make_plan(config: VmConfig, *, machine: str, flavour: str, load: KernelLoade
     ring_gpa = None
     if choose_solo5_ring(config, kernel, bool(nets), shm_mode):
         if usable <= RING_AREA:
-            raise UsageError(f"--mem={config.mem_mib} is too small for the Solo5 net ring")
+            raise UsageError(
+                f"Not enough guest memory for ring allocation: --mem={config.mem_mib} is too "
+                f"small for the Solo5 net ring (--no-net-ring uses hypercalls instead)"
+            )
         usable -= RING_AREA
         ring_gpa = usable
     kernel.check_fits(usable)
+    mode = choose_mode(config.cpl, kernel, flavour)
     io = IoConfig(
         mode=config.shm if config.shm not in (None, "off") else DEFAULT_SHM_MODE,
         hybrid_budget_us=config.hybrid_budget_us or DEFAULT_HYBRID_BUDGET_US,
         cpu=config.pin_io,
     )
-    return Plan(
+    plan = Plan(
         arch=arch,
         kernel=kernel,
         cmdline=cmdline,
         mem_size=mem_size,
         usable=usable,
-        mode=choose_mode(config.cpl, kernel, flavour),
+        mode=mode,
         devices=devices,
         shm_mode=shm_mode,
         shm_layout=layout,
         solo5_ring_gpa=ring_gpa,
         io=io,
     )
+    _explain(config, plan, flavour)
+    return plan
 
 
 def guest_memory_size(mem_mib: int) -> int:
-    """--mem in MiB, rounded down to 2 MiB as solo5-hvt does, at most 4 GiB."""
+    """--mem in MiB, rounded down to 2 MiB as solo5-hvt does (with its
+    warning, "adjusting memory to N bytes"), at most 4 GiB."""
     size = mem_mib * MIB
     if size > GUEST_MEMORY_LIMIT:
-        raise UsageError(f"--mem={mem_mib}: at most {GUEST_MEMORY_LIMIT // MIB} MiB is supported")
+        raise UsageError(
+            f"--mem={mem_mib}: guest memory size {size} bytes exceeds the max size "
+            f"{GUEST_MEMORY_LIMIT} bytes (at most {GUEST_MEMORY_LIMIT // MIB} MiB is supported)"
+        )
     size -= size % MEM_GRANULE
     if size <= 0:
         raise UsageError(f"--mem={mem_mib}: guest memory must be at least 2 MiB")
+    if size != mem_mib * MIB:
+        log.warning(
+            "adjusting memory to %d bytes (--mem=%d rounded down to %d MiB: guest memory "
+            "comes in 2 MiB steps)",
+            size,
+            mem_mib,
+            size // MIB,
+        )
     return size
+
+
+def _explain(config: VmConfig, plan: Plan, flavour: str) -> None:
+    """What was decided and why, at log level info (-v)."""
+    if not log.isEnabledFor(logging.INFO):
+        return
+    kernel = plan.kernel
+    caps = kernel.capabilities
+    if config.cpl != "auto":
+        why = f"--cpl={config.cpl}"
+    elif flavour != "pvm":
+        why = f"--cpl=auto on a {flavour} host: level 0, as solo5-hvt"
+    elif caps.user_mode:
+        why = "--cpl=auto on a PVM host, and the guest declares user mode (pyvmm note)"
+    else:
+        why = "--cpl=auto on a PVM host, and the guest has no user-mode note"
+    log.info("privilege: %s mode, the guest's code at CPL %d (%s)", plan.mode, plan.cpl, why)
+    log.info(
+        "memory: %d MiB mapped, the guest may use 0x0-%#x; kernel %#x-%#x, entry %#x, "
+        "stack top %#x; low area (boot info, page tables) below 0x100000",
+        plan.mem_size // MIB,
+        plan.usable,
+        min(seg.paddr for seg in kernel.segments),
+        kernel.kernel_end,
+        kernel.entry,
+        plan.stack_top,
+    )
+    nets = [r.name for k, r in plan.devices if k.type == DeviceType.NET]
+    if plan.shm_layout is not None:
+        layout = plan.shm_layout
+        log.info(
+            "net: shmstream region at %#x (%d MiB, %d slots per ring), IO thread in %s mode",
+            layout.gpa,
+            layout.size // MIB,
+            layout.slots,
+            plan.shm_mode,
+        )
+    elif plan.solo5_ring_gpa is not None:
+        log.info(
+            "net: Solo5's ring I/O at %#x (%d bytes), served by the IO thread in %s mode "
+            "(--no-net-ring: hypercalls)",
+            plan.solo5_ring_gpa,
+            RING_AREA,
+            plan.io.mode,
+        )
+    elif nets:
+        why = (
+            "--shm=off"
+            if config.shm == "off"
+            else ("--no-net-ring" if config.no_net_ring else "ABI version 1 or no ring driver")
+        )
+        log.info("net: hvt hypercalls, one exit per frame (%s)", why)
+    for kind, request in plan.devices:
+        log.info(
+            "device '%s' (handle %d): %s, %s",
+            request.name,
+            request.handle,
+            kind.label,
+            ", ".join(f"--{flag}={value}" for flag, value in request.settings.items()),
+        )
 
 
 def choose_mode(requested: str, kernel: Kernel, flavour: str) -> str:

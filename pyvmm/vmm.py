@@ -24,7 +24,7 @@ from pyvmm.devices import Device, DeviceKind
 from pyvmm.devices.console import Console
 from pyvmm.devices.net.shmstream import ShmStream
 from pyvmm.devices.net.solo5_ring import Solo5RingService
-from pyvmm.errors import DeviceError, HostError, PyvmmError
+from pyvmm.errors import DeviceError, HostError, PyvmmError, stop_message
 from pyvmm.faults import fault
 from pyvmm.hvt.bootinfo import BootInfo
 from pyvmm.hvt.hypercalls import Halt, Hypercalls
@@ -43,9 +43,7 @@ class Stopped(PyvmmError):
     """A stop signal ended the run: exit status 128 + signal, as a shell would."""
 
     def __init__(self, signum: int) -> None:
-        import signal
-
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        super().__init__(stop_message(signum))
         self.exit_status = 128 + signum
 
 

@@ -109,7 +109,10 @@ def test_mem_is_rounded_down_to_2_mib(mib, size):
 def test_mem_is_at_most_4_gib():
     assert mem_size(run_pyvmm("--mem=4096", guest("edges"), "exit", "0")) == 4 << 30
     line = one_line(run_pyvmm("--mem=4097", guest("edges"), "exit", "0"))
-    assert line == "pyvmm: --mem=4097: at most 4096 MiB is supported"
+    assert line == (
+        "pyvmm: --mem=4097: guest memory size 4296015872 bytes exceeds the max size "
+        "4294967296 bytes (at most 4096 MiB is supported)"
+    )
 
 
 # -- host facts --------------------------------------------------------------------
@@ -165,7 +168,7 @@ def test_pyvmm_debug_shows_the_traceback_of_an_internal_error():
         from pyvmm import cli
         def broken(argv):
             raise RuntimeError("planted bug")
-        cli.parse_args = broken
+        cli.parse_command = broken
         sys.exit(cli.main(["hello.hvt"]))
         """
     )

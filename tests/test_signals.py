@@ -34,7 +34,7 @@ def test_signal_stops_guest_and_releases_tap(sig, shm):
         vm.send_signal(sig)
         _, err = vm.communicate(timeout=30)
         assert vm.returncode == 128 + sig, err
-        assert err.strip() == f"pyvmm: stopped by {sig.name}"
+        assert err.strip() == f"pyvmm: stopped by {sig.name} (Exiting on signal {sig.value})"
         # The tap was released: a new pyvmm can attach it right away.
         again = start_waiting_guest(ns)
         again.send_signal(signal.SIGTERM)
@@ -52,4 +52,4 @@ def test_stop_signal_stops_a_cpu_bound_guest(cpl, sig):
     vm.send_signal(sig)
     _, err = vm.communicate(timeout=30)
     assert vm.returncode == 128 + sig
-    assert err.strip() == f"pyvmm: stopped by {sig.name}"
+    assert err.strip() == f"pyvmm: stopped by {sig.name} (Exiting on signal {sig.value})"

@@ -165,9 +165,11 @@ def test_python_api_exit_status_and_options():
 
 
 def test_python_api_reports_errors_as_the_cli_does(tmp_path):
-    with pytest.raises(UsageError, match=r"^--mem: 'x' is not a positive integer$"):
+    with pytest.raises(
+        UsageError, match=r"^Malformed argument to --mem: 'x' is not a positive integer$"
+    ):
         Guest(guest("hello"), mem="x")
-    with pytest.raises(LoaderError, match="cannot open"):
+    with pytest.raises(LoaderError, match="Could not open"):
         Guest(str(tmp_path / "missing.hvt")).start()
     # The failed start left nothing running: another guest may start.
     ok = Guest(guest("hello"))

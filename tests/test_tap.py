@@ -175,7 +175,10 @@ def test_open_works_in_a_process_started_inside_the_namespace(ns: NetNamespace) 
 def test_open_rejects_missing_tap(ns: NetNamespace) -> None:
     with ns.inside(), pytest.raises(DeviceError) as info:
         TapBackend.open("tap999")
-    assert str(info.value) == "tap device 'tap999' does not exist"
+    assert str(info.value) == (
+        "Could not attach interface: tap999: tap device 'tap999' does not exist "
+        "(create it: ip tuntap add tap999 mode tap)"
+    )
     assert "tap999" not in ns.links()  # TUNSETIFF would have created it
 
 
@@ -183,7 +186,7 @@ def test_open_rejects_missing_tap(ns: NetNamespace) -> None:
 def test_open_rejects_interface_that_is_not_a_tap(ns: NetNamespace) -> None:
     with ns.inside(), pytest.raises(DeviceError) as info:
         TapBackend.open("lo")
-    assert str(info.value) == "tap device 'lo' is not a tap device"
+    assert str(info.value) == "Could not attach interface: lo: tap device 'lo' is not a tap device"
 
 
 @netns_test
@@ -192,14 +195,19 @@ def test_open_rejects_tun_device(ns: NetNamespace) -> None:
         ipr.link("add", ifname="tun101", kind="tuntap", mode="tun")
     with ns.inside(), pytest.raises(DeviceError) as info:
         TapBackend.open("tun101")
-    assert str(info.value) == "tap device 'tun101' is a tun device, not a tap device"
+    assert str(info.value) == (
+        "Could not attach interface: tun101: tap device 'tun101' is a tun device, not a tap device"
+    )
 
 
 @netns_test
 def test_open_rejects_tap_already_attached(ns: NetNamespace, tap: TapBackend) -> None:
     with ns.inside(), pytest.raises(DeviceError) as info:
         TapBackend.open("tap100")
-    assert str(info.value) == "tap device 'tap100' is already in use by another process"
+    assert str(info.value) == (
+        "Could not attach interface: tap100: tap device 'tap100' is already in use by another "
+        "process"
+    )
 
 
 @netns_test
@@ -207,7 +215,9 @@ def test_open_rejects_tap_already_attached(ns: NetNamespace, tap: TapBackend) ->
 def test_open_rejects_invalid_interface_name(ns: NetNamespace, name: str) -> None:
     with ns.inside(), pytest.raises(DeviceError) as info:
         TapBackend.open(name)
-    assert str(info.value) == f"tap device '{name}' is not a valid interface name"
+    assert str(info.value) == (
+        f"Could not attach interface: {name}: tap device '{name}' is not a valid interface name"
+    )
 
 
 @netns_test
@@ -317,7 +327,9 @@ def test_open_rejects_bad_fd(
     try:
         with pytest.raises(DeviceError) as info:
             TapBackend.open(iface)
-        assert re.fullmatch(f"tap device '{re.escape(iface)}': {message}", str(info.value))
+        assert re.fullmatch(
+            f"Could not attach interface: {re.escape(iface)}: {message}", str(info.value)
+        )
         if fd is not None:
             os.fstat(fd)  # a refused fd still belongs to the caller: still open
     finally:

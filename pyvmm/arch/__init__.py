@@ -82,6 +82,9 @@ class Arch(Protocol):
     def where(self, vcpu: Vcpu) -> str:
         """Where the guest is (registers), for fault messages."""
 
+    def registers(self, vcpu: Vcpu) -> str:
+        """Every register worth reading after a fault, on one line (-vv)."""
+
 
 def host_arch(machine: str | None = None) -> Arch:
     """The architecture pyvmm runs guests on here; one clear line if none."""

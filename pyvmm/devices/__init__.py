@@ -33,7 +33,11 @@ class Option:
     ``attaches`` marks the option that attaches a device (``--net:NAME=``);
     the others set something about an attached one. ``short`` allows the
     nameless ``--FLAG=VALUE`` form too, meaning the manifest's only device
-    of this kind (solo5-hvt's ``--net=IFACE``).
+    of this kind (solo5-hvt's ``--net=IFACE``). An option that is not
+    ``named`` has only that form and applies to every device of the kind;
+    an empty ``metavar`` makes it a flag without a value (``--no-lock``).
+    ``complete`` tells shell completion what the value is: "file",
+    "interface" or nothing. Every option may be given once (cli.py).
     """
 
     flag: str
@@ -42,6 +46,12 @@ class Option:
     parse: Callable[[str, str], Any] = text_value
     attaches: bool = False
     short: bool = False
+    named: bool = True
+    complete: str = ""
+
+    @property
+    def takes_value(self) -> bool:
+        return bool(self.metavar)
 
 
 @dataclass(frozen=True)
@@ -142,6 +152,10 @@ def resolve(options: DeviceOptions, manifest: Manifest) -> list[tuple[DeviceKind
             if opt.attaches:
                 continue
             for name, value in options.get(opt.flag, {}).items():
+                if not opt.named:  # applies to every device of the kind
+                    for settings in (s for k, s in wanted.values() if k is kind):
+                        settings[opt.flag] = value
+                    continue
                 if name is None or name not in wanted or wanted[name][0] is not kind:
                     raise UsageError(
                         f"--{opt.flag}:{name} given but {kind.label} device '{name}' "

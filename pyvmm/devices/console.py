@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import select
+
+from pyvmm.errors import OutputError
 
 
 class Console:
@@ -11,7 +14,8 @@ class Console:
         self.broken = False
 
     def write(self, data) -> None:
-        """Write everything; a closed stdout (EPIPE) silences the console only."""
+        """Write everything; a closed stdout (EPIPE) silences the console only,
+        any other write error ends the run (OutputError: status 1, one line)."""
         if self.broken:
             return
         view = memoryview(data)
@@ -20,7 +24,15 @@ class Console:
                 written = os.write(self.fd, view)
             except InterruptedError:
                 continue
-            except (BrokenPipeError, OSError):
+            except BlockingIOError:  # a non-blocking stdout: wait until it drains
+                select.select([], [self.fd], [])
+                continue
+            except BrokenPipeError:
                 self.broken = True
                 return
+            except OSError as err:  # /dev/full, EIO: output lost, said at once
+                raise OutputError(
+                    f"cannot write the guest's console output to standard output: "
+                    f"{err.strerror or err} (the guest was stopped)"
+                ) from None
             view = view[written:]

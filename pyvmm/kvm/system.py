@@ -36,19 +36,19 @@ class System(OwnedFd):
             self.fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError:
             raise HostError(
-                f"{path} does not exist: this host has no KVM "
+                f"Could not open: {path}: {path} does not exist: this host has no KVM "
                 "(enable virtualisation or load kvm_intel, kvm_amd or kvm_pvm)"
             ) from None
         except PermissionError:
             raise HostError(
-                f"no permission to open {path}: run as root or join the group that owns it"
+                f"Could not open: {path}: no permission: run as root or join the group that owns it"
             ) from None
         except OSError as err:
-            raise HostError(f"cannot open {path}: {err.strerror}") from None
+            raise HostError(f"Could not open: {path}: {err.strerror}") from None
         try:
             version = ioctl(self.fd, lib.KVM_GET_API_VERSION, call="KVM_GET_API_VERSION")
             if version != KVM_API_VERSION:
-                raise HostError(f"unsupported KVM API version {version} (need 12)")
+                raise HostError(f"KVM: API version is {version}, pyvmm requires version 12")
         except BaseException:
             os.close(self.fd)
             raise

@@ -111,18 +111,18 @@ def _read_file(path: str) -> bytes:
         mode = os.stat(path).st_mode
         if not stat.S_ISREG(mode):
             what = "Is a directory" if stat.S_ISDIR(mode) else "not a regular file"
-            raise LoaderError(f"cannot open {path}: {what}")
+            raise LoaderError(f"{path}: Could not open: {what}")
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
             if not stat.S_ISREG(st.st_mode):
-                raise LoaderError(f"cannot open {path}: not a regular file")
+                raise LoaderError(f"{path}: Could not open: not a regular file")
             if st.st_size > MAX_FILE_SIZE:
                 raise LoaderError(
                     f"{path}: file is {st.st_size // MIB} MiB, too large for guest memory"
                 )
             return f.read()
     except OSError as e:
-        raise LoaderError(f"cannot open {path}: {e.strerror or e}") from None
+        raise LoaderError(f"{path}: Could not open: {e.strerror or e}") from None
 
 
 @dataclass(frozen=True)

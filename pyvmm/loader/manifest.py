@@ -41,6 +41,15 @@ class DeviceType(IntEnum):
             DeviceType.RESERVED_FIRST: "reserved-first",
         }[self]
 
+    @property
+    def solo5_name(self) -> str:
+        """The name Solo5's tools print (mft_type_to_string, solo5-elftool)."""
+        return {
+            DeviceType.BLOCK: "BLOCK_BASIC",
+            DeviceType.NET: "NET_BASIC",
+            DeviceType.RESERVED_FIRST: "RESERVED_FIRST",
+        }[self]
+
 
 @dataclass(frozen=True)
 class ManifestEntry:
@@ -100,7 +109,7 @@ class Manifest:
         """The manifest of ``image``; a Solo5 unikernel must have one."""
         desc = note_descriptor(image, SOLO5_MANIFEST)
         if desc is None:
-            raise LoaderError(f"{image.source}: no Solo5 manifest note")
+            raise LoaderError(f"{image.source}: No Solo5 manifest found in executable")
         return cls.parse(desc, image.source)
 
     @classmethod
@@ -108,7 +117,7 @@ class Manifest:
         """Validate the aligned MFT1 descriptor ``desc`` (a ``struct mft``)."""
 
         def invalid(problem: str) -> LoaderError:
-            return LoaderError(f"{source}: invalid manifest: {problem}")
+            return LoaderError(f"{source}: Solo5 manifest is invalid: {problem}")
 
         if len(desc) < MFT_HEADER_SIZE:
             raise invalid(f"{len(desc)} bytes, too short for the header")
@@ -185,17 +194,23 @@ class Manifest:
         for name, kind in requested.items():
             entry = self.by_name(name)
             if entry is None:
-                raise UsageError(f"{self.source}: the manifest declares no device named '{name}'")
+                declared = ", ".join(e.name for e in self.devices()) or "no devices"
+                raise UsageError(
+                    f"Resource not declared in manifest: '{name}' "
+                    f"({self.source} declares: {declared})"
+                )
             if kind != entry.type:
                 raise UsageError(
-                    f"{self.source} declares '{name}' as a {entry.type.label} device, "
-                    f"not {DeviceType(kind).label}"
+                    f"Resource not declared in manifest: '{name}' as a "
+                    f"{DeviceType(kind).label} device ({self.source} declares '{name}' "
+                    f"as a {entry.type.label} device)"
                 )
         for entry in self.devices():
             if entry.name not in requested:
                 raise UsageError(
-                    f"{self.source} declares {entry.type.label} device '{entry.name}' "
-                    f"but it is not attached (--{entry.type.label}:{entry.name}=...)"
+                    f"Device '{entry.name}' of type {entry.type.solo5_name} declared but "
+                    f"not attached. All declared devices must be attached "
+                    f"({self.source}: --{entry.type.label}:{entry.name}=...)"
                 )
 
     def check_attachments(self, attachments: Mapping[str, Attachment]) -> None:

@@ -60,7 +60,16 @@ def note_descriptor(image: ElfImage, kind: NoteKind) -> bytes | None:
         return None
     if len(found) > 1:
         raise LoaderError(f"{image.source}: more than one {kind.what}")
-    return found[0].aligned_desc(kind.desc_align)
+    note = found[0]
+    # Solo5's loader (elf_load_note) refuses a descriptor that is empty or
+    # holds nothing past its alignment padding; so does pyvmm, in its words.
+    pad = -note.desc_offset % kind.desc_align
+    if len(note.desc) <= pad:
+        raise LoaderError(
+            f"{image.source}: phdr[{note.phdr_index}] note does not fall within valid size "
+            f"({kind.what} of {len(note.desc)} bytes, {pad} of them alignment padding)"
+        )
+    return note.aligned_desc(kind.desc_align)
 
 
 @dataclass(frozen=True)
@@ -94,24 +103,31 @@ def read_abi(image: ElfImage, *, legacy: bool = False) -> AbiInfo:
     """The ABI note, required to say hvt version 2 (or 1 with ``legacy``)."""
     desc = note_descriptor(image, SOLO5_ABI)
     if desc is None:
-        raise LoaderError(f"{image.source}: no Solo5 ABI note: not a Solo5 unikernel")
+        raise LoaderError(
+            f"{image.source}: No Solo5 ABI information found in executable "
+            "(no Solo5 ABI note: not a Solo5 unikernel)"
+        )
     need = _ABI_DESC_WORDS * ffi.sizeof("uint32_t")
     if len(desc) != need:
         raise LoaderError(
-            f"{image.source}: malformed Solo5 ABI note ({len(desc)} bytes, need {need})"
+            f"{image.source}: No Solo5 ABI information found in executable "
+            f"(malformed Solo5 ABI note: {len(desc)} bytes, need {need})"
         )
     words = ffi.from_buffer("uint32_t[]", desc)
     abi = AbiInfo(target=words[0], version=words[1])
     if abi.target != lib.HVT_ABI_TARGET:
-        raise LoaderError(f"{image.source}: ABI target {abi.target} ({abi.target_name}) is not hvt")
+        raise LoaderError(
+            f"{image.source}: Executable is not for the solo5-hvt target "
+            f"(ABI target {abi.target} ({abi.target_name}) is not hvt)"
+        )
     if abi.version == LEGACY_ABI_VERSION and not legacy:
         raise LoaderError(
-            f"{image.source}: ABI version 1 is not supported (hvt needs version "
+            f"{image.source}: Executable requests unsupported ABI version 1 (hvt needs version "
             f"{lib.HVT_ABI_VERSION}; --legacy-abi boots Solo5 0.9 and older builds)"
         )
     if abi.version not in (lib.HVT_ABI_VERSION, LEGACY_ABI_VERSION):
         raise LoaderError(
-            f"{image.source}: ABI version {abi.version} is not supported "
+            f"{image.source}: Executable requests unsupported ABI version {abi.version} "
             f"(hvt needs version {lib.HVT_ABI_VERSION})"
         )
     return abi

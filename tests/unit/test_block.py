@@ -42,7 +42,7 @@ def test_open_rejects_missing_file(tmp_path: Path) -> None:
     with pytest.raises(DeviceError) as info:
         BlockDevice.open("storage", str(path))
     assert str(info.value) == (
-        f"block device 'storage': cannot open {path}: No such file or directory"
+        f"block device 'storage': Could not open block device: {path}: No such file or directory"
     )
 
 
@@ -74,12 +74,18 @@ def test_open_rejects_file_that_cannot_be_opened_read_write(tmp_path: Path) -> N
         path.chmod(0o444)
     with pytest.raises(DeviceError) as info:
         BlockDevice.open("storage", str(path))
-    assert str(info.value) == f"block device 'storage': cannot open {path}: Permission denied"
+    assert str(info.value) == (
+        f"block device 'storage': Could not open block device: {path}: Permission denied"
+    )
 
 
 def test_open_rejects_empty_file(tmp_path: Path) -> None:
     path = make_image(tmp_path, 0)
-    with pytest.raises(DeviceError, match=r"^block device 'storage': .*disk.img is empty$"):
+    with pytest.raises(
+        DeviceError,
+        match=r"^block device 'storage': Backing storage must be at least 1 block "
+        r"\(512 bytes\) in size: .*disk.img is empty$",
+    ):
         BlockDevice.open("storage", str(path))
 
 
@@ -88,7 +94,9 @@ def test_open_rejects_size_that_is_not_whole_blocks(
     tmp_path: Path, size: int, block_size: int
 ) -> None:
     path = make_image(tmp_path, size)
-    with pytest.raises(DeviceError, match=f"is not a multiple of the block size \\({block_size}"):
+    with pytest.raises(
+        DeviceError, match=f"Backing storage size must be block aligned \\({block_size} bytes\\)"
+    ):
         BlockDevice.open("storage", str(path), block_size=block_size)
 
 
@@ -97,7 +105,11 @@ def test_open_rejects_block_size_that_is_not_a_power_of_two_from_512(
     tmp_path: Path, block_size: Any
 ) -> None:
     path = make_image(tmp_path, 1 << 17)
-    with pytest.raises(DeviceError, match=r"^block device 'storage': block size .* power of two"):
+    with pytest.raises(
+        DeviceError,
+        match=r"^block device 'storage': Block size must be a multiple of 2 greater than or "
+        r"equal 512 \(.* is not a power of two",
+    ):
         BlockDevice.open("storage", str(path), block_size=block_size)
 
 

@@ -94,17 +94,17 @@ def test_loads_an_aarch64_unikernel_on_an_aarch64_host(tmp_path: Path) -> None:
 
 def test_refuses_a_missing_file(tmp_path: Path) -> None:
     path = str(tmp_path / "app.hvt")
-    with pytest.raises(LoaderError, match=rf"^cannot open {path}: No such file or directory$"):
+    with pytest.raises(LoaderError, match=rf"^{path}: Could not open: No such file or directory$"):
         load_kernel(path, "x86_64")
 
 
 def test_refuses_a_directory(tmp_path: Path) -> None:
-    with pytest.raises(LoaderError, match=r"^cannot open .*: Is a directory$"):
+    with pytest.raises(LoaderError, match=r"^.*: Could not open: Is a directory$"):
         load_kernel(str(tmp_path), "x86_64")
 
 
 def test_refuses_something_that_is_not_a_regular_file() -> None:
-    with pytest.raises(LoaderError, match=r"^cannot open /dev/null: not a regular file$"):
+    with pytest.raises(LoaderError, match=r"^/dev/null: Could not open: not a regular file$"):
         load_kernel("/dev/null", "x86_64")
 
 
@@ -116,7 +116,7 @@ def test_refuses_an_unreadable_file(tmp_path: Path) -> None:
     else:
         path = write(tmp_path, good_elf().build())
         os.chmod(path, 0)
-    with pytest.raises(LoaderError, match=r"^cannot open .*: Permission denied$"):
+    with pytest.raises(LoaderError, match=r"^.*: Could not open: Permission denied$"):
         load_kernel(path, "x86_64")
 
 
@@ -135,15 +135,24 @@ def test_refuses_an_unknown_machine(tmp_path: Path) -> None:
 
 def test_refuses_an_elf_without_abi_note(tmp_path: Path) -> None:
     elf = good_elf(notes=[manifest_note(manifest_desc(devices()))])
-    refuses(tmp_path, elf.build(), r"app\.hvt: no Solo5 ABI note: not a Solo5 unikernel$")
+    refuses(
+        tmp_path,
+        elf.build(),
+        r"app\.hvt: No Solo5 ABI information found in executable \(no Solo5 ABI note: "
+        r"not a Solo5 unikernel\)$",
+    )
 
 
 @pytest.mark.parametrize(
     "note, message",
     [
-        ({"target": 3}, r"app\.hvt: ABI target 3 \(virtio\) is not hvt$"),
-        ({"target": 99}, r"ABI target 99 \(unknown\) is not hvt$"),
-        ({"version": 3}, r"ABI version 3 is not supported \(hvt needs version 2\)$"),
+        (
+            {"target": 3},
+            r"app\.hvt: Executable is not for the solo5-hvt target \(ABI target 3 \(virtio\) "
+            r"is not hvt\)$",
+        ),
+        ({"target": 99}, r"ABI target 99 \(unknown\) is not hvt\)$"),
+        ({"version": 3}, r"Executable requests unsupported ABI version 3 \(hvt needs version 2\)$"),
     ],
     ids=["virtio-target", "unknown-target", "version-3"],
 )
@@ -159,7 +168,7 @@ def test_refuses_abi_version_1_unless_asked(tmp_path: Path) -> None:
     refuses(
         tmp_path,
         elf.build(),
-        r"ABI version 1 is not supported \(hvt needs version 2; "
+        r"Executable requests unsupported ABI version 1 \(hvt needs version 2; "
         r"--legacy-abi boots Solo5 0.9 and older builds\)$",
     )
     path = tmp_path / "old.hvt"
@@ -173,14 +182,14 @@ def test_legacy_flag_still_refuses_other_versions(tmp_path: Path) -> None:
     elf.notes[0] = abi_note(version=0)
     path = tmp_path / "zero.hvt"
     path.write_bytes(elf.build())
-    with pytest.raises(LoaderError, match="ABI version 0 is not supported"):
+    with pytest.raises(LoaderError, match="Executable requests unsupported ABI version 0"):
         load_kernel(str(path), "x86_64", legacy_abi=True)
 
 
 def test_refuses_a_malformed_abi_note(tmp_path: Path) -> None:
     elf = good_elf()
     elf.notes[0] = abi_note(extra=b"\0\0\0\0")
-    refuses(tmp_path, elf.build(), r"malformed Solo5 ABI note \(20 bytes, need 16\)$")
+    refuses(tmp_path, elf.build(), r"malformed Solo5 ABI note: 20 bytes, need 16\)$")
 
 
 def test_refuses_two_abi_notes(tmp_path: Path) -> None:
@@ -190,13 +199,21 @@ def test_refuses_two_abi_notes(tmp_path: Path) -> None:
 
 
 def test_refuses_an_elf_without_manifest(tmp_path: Path) -> None:
-    refuses(tmp_path, good_elf(notes=[abi_note()]).build(), r"app\.hvt: no Solo5 manifest note$")
+    refuses(
+        tmp_path,
+        good_elf(notes=[abi_note()]).build(),
+        r"app\.hvt: No Solo5 manifest found in executable$",
+    )
 
 
 def test_refuses_an_invalid_manifest(tmp_path: Path) -> None:
     elf = good_elf()
     elf.notes[1] = manifest_note(manifest_desc(devices((b"a-b", NET))))
-    refuses(tmp_path, elf.build(), r"invalid manifest: entry 1 name 'a-b' has invalid characters$")
+    refuses(
+        tmp_path,
+        elf.build(),
+        r"Solo5 manifest is invalid: entry 1 name 'a-b' has invalid characters$",
+    )
 
 
 def test_refuses_a_segment_with_filesz_larger_than_memsz(tmp_path: Path) -> None:

@@ -77,7 +77,7 @@ def test_device_type_constants_come_from_the_abi_header() -> None:
 
 def test_rejects_a_unikernel_without_a_manifest_note() -> None:
     image = parse_elf(good_elf(notes=[]).build(), "app.hvt")
-    with pytest.raises(LoaderError, match=r"^app\.hvt: no Solo5 manifest note$"):
+    with pytest.raises(LoaderError, match=r"^app\.hvt: No Solo5 manifest found in executable$"):
         Manifest.from_image(image)
 
 
@@ -89,36 +89,40 @@ def test_rejects_two_manifest_notes() -> None:
 
 
 def test_rejects_manifest_with_wrong_version() -> None:
-    rejects(manifest_desc(TWO, version=2), r"^app\.hvt: invalid manifest: version 2, need 1$")
+    rejects(
+        manifest_desc(TWO, version=2), r"^app\.hvt: Solo5 manifest is invalid: version 2, need 1$"
+    )
 
 
 def test_rejects_manifest_with_no_entries() -> None:
-    rejects(manifest_desc([], version=1), r"invalid manifest: 0 entries, need 1 to 64")
+    rejects(manifest_desc([], version=1), r"Solo5 manifest is invalid: 0 entries, need 1 to 64")
 
 
 def test_rejects_manifest_with_more_than_64_entries() -> None:
     named = [(b"n%d" % i, NET) for i in range(64)]
-    rejects(manifest_desc(devices(*named)), r"invalid manifest: 65 entries, need 1 to 64")
+    rejects(manifest_desc(devices(*named)), r"Solo5 manifest is invalid: 65 entries, need 1 to 64")
 
 
 def test_rejects_manifest_whose_size_does_not_match_its_entries() -> None:
     rejects(
-        manifest_desc(TWO, count=2), r"invalid manifest: 320 bytes for 2 entries, need exactly 216"
+        manifest_desc(TWO, count=2),
+        r"Solo5 manifest is invalid: 320 bytes for 2 entries, need exactly 216",
     )
     rejects(
-        manifest_desc(TWO, count=4), r"invalid manifest: 320 bytes for 4 entries, need exactly 424"
+        manifest_desc(TWO, count=4),
+        r"Solo5 manifest is invalid: 320 bytes for 4 entries, need exactly 424",
     )
     rejects(manifest_desc(TWO) + bytes(8), r"328 bytes for 3 entries, need exactly 320")
 
 
 def test_rejects_manifest_too_short_for_its_header() -> None:
-    rejects(b"\x01\0\0\0", r"invalid manifest: 4 bytes, too short for the header")
+    rejects(b"\x01\0\0\0", r"Solo5 manifest is invalid: 4 bytes, too short for the header")
 
 
 def test_rejects_manifest_note_without_the_alignment_padding() -> None:
     # A descriptor placed right after the 20-byte header loses its first 4
     # bytes to the alignment rule, so its size (and version) no longer match.
-    rejects(manifest_desc(TWO), r"invalid manifest", align=4)
+    rejects(manifest_desc(TWO), r"Solo5 manifest is invalid", align=4)
 
 
 def test_rejects_manifest_whose_first_entry_is_not_reserved() -> None:
@@ -147,7 +151,9 @@ def test_rejects_manifest_with_unterminated_name() -> None:
 
 def test_rejects_manifest_with_invalid_name_characters() -> None:
     desc = manifest_desc(devices((b"service", NET), (b"a-b", NET)))
-    rejects(desc, r"^app\.hvt: invalid manifest: entry 2 name 'a-b' has invalid characters$")
+    rejects(
+        desc, r"^app\.hvt: Solo5 manifest is invalid: entry 2 name 'a-b' has invalid characters$"
+    )
 
 
 def test_shows_unprintable_name_bytes_escaped() -> None:
@@ -209,7 +215,11 @@ def test_guest_copy_with_no_devices_is_just_the_reserved_entry() -> None:
 
 def test_guest_copy_refuses_an_unattached_declared_device() -> None:
     m = manifest_of(manifest_desc(TWO))
-    with pytest.raises(UsageError, match=r"declares block device 'storage' but it is not attached"):
+    with pytest.raises(
+        UsageError,
+        match=r"Device 'storage' of type BLOCK_BASIC declared but not attached\. "
+        r"All declared devices must be attached",
+    ):
         m.guest_copy({"service": NetAttachment(MAC, 1500)})
 
 
@@ -221,7 +231,7 @@ def test_guest_copy_refuses_an_undeclared_device() -> None:
         "extra": NetAttachment(MAC, 1500),
     }
     with pytest.raises(
-        UsageError, match=r"^app\.hvt: the manifest declares no device named 'extra'$"
+        UsageError, match=r"^Resource not declared in manifest: 'extra' \(app\.hvt declares: "
     ):
         m.guest_copy(atts)
 
@@ -229,7 +239,11 @@ def test_guest_copy_refuses_an_undeclared_device() -> None:
 def test_guest_copy_refuses_a_device_of_the_wrong_type() -> None:
     m = manifest_of(manifest_desc(TWO))
     atts = {"service": BlockAttachment(512, 512), "storage": BlockAttachment(512, 512)}
-    with pytest.raises(UsageError, match=r"declares 'service' as a net device, not block"):
+    with pytest.raises(
+        UsageError,
+        match=r"Resource not declared in manifest: 'service' as a block device "
+        r"\(app\.hvt declares 'service' as a net device\)",
+    ):
         m.guest_copy(atts)
 
 
@@ -305,7 +319,7 @@ def test_parse_accepts_exactly_the_valid_and_raises_only_loader_error() -> None:
         try:
             m = Manifest.parse(desc, "fuzz.hvt")
         except LoaderError as e:
-            assert str(e).startswith("fuzz.hvt: invalid manifest: ")
+            assert str(e).startswith("fuzz.hvt: Solo5 manifest is invalid: ")
             assert not valid, f"a valid manifest was refused: {e}"
             return
         assert valid, "an invalid manifest was accepted"

@@ -32,7 +32,7 @@ def test_a_pyvmm_bug_is_still_one_line(monkeypatch, capsys):
     def broken(argv):
         raise RuntimeError("something pyvmm did not expect")
 
-    monkeypatch.setattr(cli, "parse_args", broken)
+    monkeypatch.setattr(cli, "parse_command", broken)
     monkeypatch.delenv("PYVMM_DEBUG", raising=False)
     assert cli.main(["hello.hvt"]) == 1
     err = capsys.readouterr().err

@@ -63,5 +63,8 @@ class X86_64:
     def where(self, vcpu: Vcpu) -> str:
         return cpu.where(vcpu)
 
+    def registers(self, vcpu: Vcpu) -> str:
+        return cpu.registers(vcpu)
+
 
 ARCH = X86_64()

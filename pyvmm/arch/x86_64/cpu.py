@@ -94,6 +94,23 @@ def where(vcpu: Vcpu) -> str:
     return f"rip={regs.rip:#x} rsp={regs.rsp:#x} cr2={sregs.cr2:#x}"
 
 
+_GPRS = "rax rbx rcx rdx rsi rdi rbp rsp r8 r9 r10 r11 r12 r13 r14 r15 rip rflags".split()
+
+
+def registers(vcpu: Vcpu) -> str:
+    """The general registers and the control state, for the debug log."""
+    try:
+        regs = get_regs(vcpu)
+        sregs = get_sregs(vcpu)
+    except KvmError:
+        return "registers unavailable"
+    parts = [f"{name}={getattr(regs, name):#x}" for name in _GPRS]
+    parts += [f"{seg}={getattr(sregs, seg).selector:#x}" for seg in ("cs", "ss", "ds", "fs")]
+    parts += [f"fs_base={sregs.fs.base:#x}"]
+    parts += [f"{name}={getattr(sregs, name):#x}" for name in ("cr0", "cr2", "cr3", "cr4", "efer")]
+    return " ".join(parts)
+
+
 def cpu_has_fsgsbase(cpuid) -> bool:
     """CPUID.(EAX=7,ECX=0):EBX bit 0, as KVM would show it to the guest."""
     for i in range(cpuid.nent):

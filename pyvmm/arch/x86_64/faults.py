@@ -22,9 +22,15 @@ if TYPE_CHECKING:
 def explain(exit: VcpuExit, vcpu: Vcpu, memory: GuestMemory) -> GuestFault | None:
     match exit:
         case IoOut(port=port, size=size):
-            what = f"invalid hypercall: {size}-byte write to port {port:#x}"
+            what = (
+                f"invalid hypercall: {size}-byte write to port {port:#x} "
+                f"(Invalid guest port access: port={port:#x})"
+            )
         case IoIn(port=port, size=size):
-            what = f"invalid {size}-byte read from port {port:#x}"
+            what = (
+                f"invalid {size}-byte read from port {port:#x} "
+                f"(Invalid guest port access: port={port:#x})"
+            )
         case Shutdown():
             what = triple_fault(vcpu, memory)
         case _:

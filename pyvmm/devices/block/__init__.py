@@ -9,19 +9,34 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 
-from pyvmm.config import positive_int
 from pyvmm.devices import Option, Request
 from pyvmm.devices.block.backend import (
     DEFAULT_BLOCK_SIZE,
     MAX_BLOCK_SIZE,
     MIN_BLOCK_SIZE,
     BlockDevice,
+    block_size_problem,
 )
 from pyvmm.devices.block.hypercalls import BlockHypercalls
+from pyvmm.errors import UsageError
 from pyvmm.loader import DeviceType
+from pyvmm.log import log
 from pyvmm.memory import GuestMemory
 
 __all__ = ["BLOCK", "BlockDevice", "MAX_BLOCK_SIZE", "MIN_BLOCK_SIZE"]
+
+
+def block_size(option: str, text: str) -> int:
+    """--block-sector-size's value: a power of two from 512 to 32 KiB."""
+    size = int(text) if text.isascii() and text.isdecimal() else text
+    if (
+        not isinstance(size, int)
+        or size < MIN_BLOCK_SIZE
+        or size > MAX_BLOCK_SIZE
+        or (size & (size - 1))
+    ):
+        raise UsageError(f"{option}: {block_size_problem(size)}")
+    return size
 
 
 class BlockKind:
@@ -31,22 +46,46 @@ class BlockKind:
         Option(
             "block",
             "PATH",
-            "attach block device NAME to PATH (a file or\na host block device)",
+            "attach block device NAME to PATH (a file or\na host block device), locked while\n"
+            "the guest runs",
             attaches=True,
+            complete="file",
         ),
         Option(
             "block-sector-size",
             "N",
             f"sector size of block device NAME (default {DEFAULT_BLOCK_SIZE})",
-            parse=positive_int,
+            parse=block_size,
+        ),
+        Option(
+            "no-lock",
+            "",
+            "do not lock block device images (flock, exclusive)",
+            named=False,
+            short=True,
         ),
     )
 
     def attach(self, stack: ExitStack, request: Request) -> BlockDevice:
         size = request.settings.get("block-sector-size", DEFAULT_BLOCK_SIZE)
-        return stack.enter_context(
-            BlockDevice.open(request.name, request.settings["block"], size, request.handle)
+        device = stack.enter_context(
+            BlockDevice.open(
+                request.name,
+                request.settings["block"],
+                size,
+                request.handle,
+                lock=not request.settings.get("no-lock", False),
+            )
         )
+        log.info(
+            "block device '%s': %s, %d bytes in blocks of %d%s",
+            request.name,
+            device.path,
+            device.capacity,
+            device.block_size,
+            "" if request.settings.get("no-lock") else ", locked (flock)",
+        )
+        return device
 
     def hypercalls(
         self, memory: GuestMemory, devices: Mapping[int, BlockDevice]

@@ -10,6 +10,7 @@ thread, and it moves data straight between the file and guest memory.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 from typing import Any
@@ -41,12 +42,20 @@ class BlockDevice(OwnedFd):
 
     @classmethod
     def open(
-        cls, name: str, path: str, block_size: int = DEFAULT_BLOCK_SIZE, handle: int = -1
+        cls,
+        name: str,
+        path: str,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        handle: int = -1,
+        *,
+        lock: bool = True,
     ) -> BlockDevice:
         """Open ``path`` as the backing file of manifest device ``name``.
 
         Every check happens here, before the guest starts, so a bad image is
-        a one-line start-up error rather than a failed hypercall later.
+        a one-line start-up error rather than a failed hypercall later. With
+        ``lock`` the image gets an exclusive advisory lock (flock) for the
+        run, so two pyvmm processes never write one image at once.
         """
 
         def fail(cause: str) -> DeviceError:
@@ -59,10 +68,7 @@ class BlockDevice(OwnedFd):
             or block_size > MAX_BLOCK_SIZE
             or block_size & (block_size - 1)
         ):
-            raise fail(
-                f"block size {block_size!r} is not a power of two between "
-                f"{MIN_BLOCK_SIZE} and {MAX_BLOCK_SIZE}"
-            )
+            raise fail(block_size_problem(block_size))
         try:
             # Refuse anything else before open(): opening a FIFO or a
             # character device can block or have side effects.
@@ -70,7 +76,7 @@ class BlockDevice(OwnedFd):
                 raise fail(f"{path} is not a regular file or block device")
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         except OSError as err:
-            raise fail(f"cannot open {path}: {_reason(err)}") from None
+            raise fail(f"Could not open block device: {path}: {_reason(err)}") from None
         try:
             st = os.fstat(fd)
             # The path may have been replaced between stat() and open().
@@ -79,12 +85,17 @@ class BlockDevice(OwnedFd):
             # A block device's st_size is 0: its end is where its size is.
             size = st.st_size if stat.S_ISREG(st.st_mode) else os.lseek(fd, 0, os.SEEK_END)
             if size == 0:
-                raise fail(f"{path} is empty")
+                raise fail(
+                    f"Backing storage must be at least 1 block ({block_size} bytes) "
+                    f"in size: {path} is empty"
+                )
             if size % block_size:
                 raise fail(
-                    f"size of {path} ({size} bytes) is not a multiple of "
-                    f"the block size ({block_size} bytes)"
+                    f"Backing storage size must be block aligned ({block_size} bytes): "
+                    f"{path} is {size} bytes, not a multiple of the block size"
                 )
+            if lock:
+                _lock(fd, path, fail)
         except BaseException:
             os.close(fd)
             raise
@@ -164,6 +175,47 @@ def _bytes_view(buf: Any) -> memoryview:
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
     return view
+
+
+def block_size_problem(block_size: object) -> str:
+    """solo5-hvt's words for a bad --block-sector-size, and pyvmm's rule."""
+    return (
+        "Block size must be a multiple of 2 greater than or equal 512 "
+        f"({block_size!r} is not a power of two between {MIN_BLOCK_SIZE} and {MAX_BLOCK_SIZE})"
+    )
+
+
+def _lock(fd: int, path: str, fail) -> None:
+    """An exclusive flock on the image, or one line naming who holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _lock_holder(os.fstat(fd))
+        raise fail(
+            f"{path} is locked by another process{holder} "
+            "(pyvmm locks a disk image while a guest uses it; --no-lock attaches it anyway)"
+        ) from None
+    except OSError as err:  # a file system without flock (some network ones)
+        raise fail(f"cannot lock {path}: {_reason(err)} (--no-lock attaches it anyway)") from None
+
+
+def _lock_holder(st: os.stat_result) -> str:
+    """ " (NAME, pid N)" for the flock holder of the file, from /proc/locks."""
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == key:
+                    pid = fields[4]
+                    try:
+                        with open(f"/proc/{pid}/comm") as comm:
+                            return f" ({comm.read().strip()}, pid {pid})"
+                    except OSError:
+                        return f" (pid {pid})"
+    except OSError:
+        pass
+    return ""
 
 
 def _reason(err: OSError) -> str:

@@ -17,6 +17,7 @@ from pyvmm.devices.net.device import NetDevice
 from pyvmm.devices.net.hypercalls import NetHypercalls
 from pyvmm.devices.net.tap import TapBackend, parse_mac, random_mac
 from pyvmm.loader import DeviceType
+from pyvmm.log import log
 from pyvmm.memory import GuestMemory
 
 
@@ -30,6 +31,7 @@ class NetKind:
             "attach net device NAME to tap IFACE (or @FD:\nan already open tap file descriptor)",
             attaches=True,
             short=True,
+            complete="interface",
         ),
         Option("net-mac", "HWADDR", "guest MAC address of net device NAME"),
     )
@@ -38,6 +40,14 @@ class NetKind:
         text = request.settings.get("net-mac")
         mac = parse_mac(text) if text is not None else random_mac()
         tap = stack.enter_context(TapBackend.open(request.settings["net"]))
+        log.info(
+            "net device '%s': tap %s (MTU %d), MAC %s%s",
+            request.name,
+            tap.ifname,
+            tap.mtu,
+            ":".join(f"{b:02x}" for b in mac),
+            "" if text is not None else " (random)",
+        )
         return NetDevice(request.name, request.handle, tap, mac)
 
     def hypercalls(

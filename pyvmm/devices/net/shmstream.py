@@ -63,8 +63,11 @@ class ShmLayout:
         used = lib.SHM_REGION_HEADER_SIZE + 2 * ring_size * len(handles)
         size = -(-used // REGION_ALIGN) * REGION_ALIGN
         if size >= mem_size:
+            need = (size + REGION_ALIGN) // MIB
             raise UsageError(
-                f"--mem={mem_size // MIB} is too small for the shmstream region ({size // MIB} MiB)"
+                f"--mem={mem_size // MIB} is too small for the shmstream region "
+                f"({size // MIB} MiB): give --mem={need} or more (the region and at least "
+                f"{REGION_ALIGN // MIB} MiB for the guest), or --shm=off for plain hypercalls"
             )
         return ShmLayout(mem_size - size, size, slots, ring_size, handles)
 

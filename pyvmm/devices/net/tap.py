@@ -116,7 +116,8 @@ class TapBackend(OwnedFd):
     @classmethod
     def _attach(cls, name: str) -> TapBackend:
         def fail(cause: str) -> DeviceError:
-            return DeviceError(f"tap device '{name}' {cause}")
+            # solo5-hvt's words first, then what exactly is wrong.
+            return DeviceError(f"Could not attach interface: {name}: tap device '{name}' {cause}")
 
         raw = _ifname_bytes(name)
         if raw is None:
@@ -126,7 +127,7 @@ class TapBackend(OwnedFd):
                 ifindex = _ifindex(sock, raw)
             except OSError as err:
                 if err.errno == errno.ENODEV:
-                    raise fail("does not exist") from None
+                    raise fail(_missing_hint(name, raw)) from None
                 raise fail(f"cannot be looked up: {_reason(err)}") from None
             driver, bus = _driver_info(sock, raw)
             if driver != "tun":
@@ -169,7 +170,7 @@ class TapBackend(OwnedFd):
     @classmethod
     def _adopt(cls, iface: str) -> TapBackend:
         def fail(cause: str) -> DeviceError:
-            return DeviceError(f"tap device '{iface}': {cause}")
+            return DeviceError(f"Could not attach interface: {iface}: {cause}")
 
         text = iface[1:]
         if not text.isdecimal() or not text.isascii() or len(text) > 10 or int(text) >= 1 << 31:
@@ -374,6 +375,57 @@ def _rtattrs(data: bytes) -> dict[int, bytes]:
         attrs[kind & NLA_TYPE_MASK] = data[offset + _RTATTR.size : offset + length]
         offset += (length + 3) & ~3
     return attrs
+
+
+NETNS_DIRS = ("/run/netns", "/var/run/netns")
+
+
+def _missing_hint(name: str, raw: bytes) -> str:
+    """Why a tap is missing, with a hint: a named network namespace (ip
+    netns) that has it, or how to create it."""
+    found = []
+    for ns_name, path in _named_namespaces():
+        try:
+            ns_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if os.fstat(ns_fd).st_ino == os.stat("/proc/thread-self/ns/net").st_ino:
+                continue
+            if _call_in_netns(ns_fd, lambda: _exists_here(raw)):
+                found.append(ns_name)
+        except OSError:
+            continue
+        finally:
+            os.close(ns_fd)
+    if found:
+        where = ", ".join(f"'{n}'" for n in found)
+        return (
+            f"does not exist in pyvmm's network namespace but in network namespace "
+            f"{where} (run pyvmm there: ip netns exec {found[0]} pyvmm ...; or pass an "
+            f"open tap fd: --net=@FD)"
+        )
+    return f"does not exist (create it: ip tuntap add {name} mode tap)"
+
+
+def _named_namespaces() -> list[tuple[str, str]]:
+    seen: dict[str, str] = {}
+    for directory in NETNS_DIRS:
+        try:
+            for entry in sorted(os.listdir(directory)):
+                seen.setdefault(entry, os.path.join(directory, entry))
+        except OSError:
+            continue
+    return list(seen.items())
+
+
+def _exists_here(raw: bytes) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        try:
+            _ifindex(sock, raw)
+        except OSError:
+            return False
+    return True
 
 
 def _in_device_netns(tap_fd: int, fn: Callable[[], _T]) -> _T:
