@@ -628,6 +628,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from pyvmm.vmm import run
 
+        entry.check()
         return run(cmd.config)
     except PyvmmError as err:
         if entry.stop_signal():

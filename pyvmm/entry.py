@@ -22,6 +22,7 @@ import sys
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _stop = 0
+_delivered = False  # _Stop was raised for _stop (and not swallowed since)
 
 
 class _Stop(BaseException):
@@ -29,11 +30,12 @@ class _Stop(BaseException):
 
 
 def _on_stop(signum, frame):
-    global _stop
-    if _stop:
+    global _stop, _delivered
+    if _delivered:
         return  # the first signal is being handled: clean-up must finish
-    _stop = signum
-    raise _Stop(signum)
+    _stop = _stop or signum
+    _delivered = True
+    raise _Stop(_stop)
 
 
 def stop_signal() -> int:
@@ -43,10 +45,27 @@ def stop_signal() -> int:
 
 def _unraisable(hook):
     def quiet(unraisable):
-        if not _stop:  # a stop can surface anywhere, __del__ included
+        global _delivered
+        if isinstance(unraisable.exc_value, _Stop):
+            # Raised where Python cannot propagate it (a __del__, a weakref
+            # callback): send the signal again, to be raised elsewhere (or
+            # taken by the C handlers if a guest runs by then).
+            _delivered = False
+            signal.raise_signal(_stop)
+            return
+        if not _stop:
             hook(unraisable)
 
     return quiet
+
+
+def check() -> None:
+    """Raise the stop if one was recorded and lost on its way (a checkpoint
+    before the guest runs)."""
+    global _delivered
+    if _stop:
+        _delivered = True
+        raise _Stop(_stop)
 
 
 def main() -> int:

@@ -1,0 +1,462 @@
+"""The command line as a user meets it (issue 15): stop signals at any
+moment of start-up, both option syntaxes, suggestions, repeats, the --mem
+note, hints, output errors, locked disks, log levels, --query-manifest,
+and --help, the man page and completion made from one option table."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import termios
+import time
+
+import pytest
+
+from conftest import ROOT, guest, popen_pyvmm, run_pyvmm
+from testkit.netns import NetNamespace
+
+PVM = os.path.exists("/sys/module/kvm_pvm")
+ROUNDED = (
+    "pyvmm: adjusting memory to 2097152 bytes (--mem=3 rounded down to 2 MiB: "
+    "guest memory comes in 2 MiB steps)"
+)
+
+
+def one_line(result: subprocess.CompletedProcess, status: int = 1) -> str:
+    assert result.returncode == status, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pyvmm: "), result.stderr
+    return lines[0]
+
+
+def mem_size(result: subprocess.CompletedProcess) -> int:
+    assert result.returncode == 0, result.stdout + result.stderr
+    return int(re.search(r"^mem_size: (0x[0-9a-f]+)$", result.stdout, re.M).group(1), 16)
+
+
+# -- stop signals at any moment of start-up --------------------------------------
+
+
+def _handles_stop_signals(pid: int) -> bool:
+    """Whether pyvmm's own handlers are in (SIGTERM caught: Python alone
+    does not catch it), read from /proc as an outside oracle."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(line for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+
+
+def _wait_for_handlers(pid: int) -> None:
+    deadline = time.monotonic() + 30
+    while not _handles_stop_signals(pid):
+        assert time.monotonic() < deadline, "pyvmm never installed its stop handlers"
+        time.sleep(0.0005)
+
+
+# Delays after the handlers are in: through imports, option parsing, the
+# plan, /dev/kvm and the VM set-up, into the guest's run (spin never ends).
+DELAYS = [i * 0.006 for i in range(0, 25)]
+
+
+@pytest.mark.kvm
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_stop_signal_at_any_moment_of_start_up_gives_one_line(sig):
+    """Every try ends with 128 + signal and exactly one line, whether the
+    signal lands during imports, parsing, set-up or the run."""
+    outcomes = []
+    for delay in DELAYS:
+        vm = popen_pyvmm("--mem=8", guest("spin"))
+        _wait_for_handlers(vm.pid)
+        time.sleep(delay)
+        vm.send_signal(sig)
+        out, err = vm.communicate(timeout=30)
+        outcomes.append((delay, vm.returncode, err, out))
+        assert vm.returncode == 128 + sig, (delay, vm.returncode, err)
+        assert err == f"pyvmm: stopped by {sig.name} (Exiting on signal {sig.value})\n", (
+            delay,
+            err,
+        )
+    # The tries covered the run as well as the start-up.
+    assert any("spinning" in out for out in [o[3] for o in outcomes]), outcomes
+
+
+@pytest.mark.kvm
+def test_ctrl_c_on_a_terminal_at_any_moment_of_start_up():
+    """Ctrl-C typed on pyvmm's controlling terminal (a pty): the terminal
+    driver sends SIGINT to the foreground group; status 130, one line."""
+    for delay in DELAYS[::2]:
+        master, slave = pty.openpty()
+
+        def own_terminal(slave=slave):
+            os.setsid()
+            fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+
+        vm = subprocess.Popen(
+            [sys.executable, "-m", "pyvmm", "--mem=8", str(guest("spin"))],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            cwd=ROOT,
+            preexec_fn=own_terminal,
+        )
+        os.close(slave)
+        try:
+            _wait_for_handlers(vm.pid)
+            time.sleep(delay)
+            os.write(master, b"\x03")  # the terminal's VINTR character
+            status = vm.wait(timeout=30)
+            output = b""
+            while select.select([master], [], [], 0.2)[0]:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:  # EIO: the slave side is closed
+                    break
+                if not chunk:
+                    break
+                output += chunk
+        finally:
+            if vm.poll() is None:
+                vm.kill()
+                vm.wait()
+            os.close(master)
+        text = output.decode(errors="replace").replace("\r", "")
+        assert status == 130, (delay, status, text)
+        lines = [line for line in text.splitlines() if "pyvmm" in line or "Trace" in line]
+        assert lines == ["pyvmm: stopped by SIGINT (Exiting on signal 2)"] or lines == [
+            "^Cpyvmm: stopped by SIGINT (Exiting on signal 2)"
+        ], (delay, text)
+
+
+# -- option syntax ---------------------------------------------------------------
+
+
+@pytest.mark.kvm
+@pytest.mark.parametrize("form", [["--mem=64"], ["--mem", "64"]])
+def test_value_with_equals_or_as_the_next_argument(form):
+    assert mem_size(run_pyvmm(*form, guest("edges"), "exit", "0")) == 64 << 20
+
+
+@pytest.mark.kvm
+def test_device_option_value_as_the_next_argument(disk):
+    result = run_pyvmm("--block:storage", disk, "--cpl", "0", guest("blocktest"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+@pytest.mark.kvm
+def test_arguments_after_kernel_belong_to_the_guest():
+    result = run_pyvmm(guest("args"), "--mem", "64")
+    assert result.returncode == 0, result.stderr
+    assert "--mem 64" in result.stdout, result.stdout
+
+
+X = "'x' is not a positive integer"
+NR = "--no-net-ring=1"
+
+
+def MEAN(name: str) -> str:
+    return f"(did you mean {name}? see pyvmm --help)"
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["--mem"], "pyvmm: --mem: missing value (--mem=N)"),
+        (["--block:storage"], "pyvmm: --block:storage: missing value (--block:storage=PATH)"),
+        (["--mem", "x", "k.hvt"], f"pyvmm: Malformed argument to --mem: {X}"),
+        (["--stats-x", "k.hvt"], f"pyvmm: Invalid option: `--stats-x' {MEAN('--stats')}"),
+        (["--vers"], f"pyvmm: Invalid option: `--vers' {MEAN('--version')}"),
+        (["--hel"], f"pyvmm: Invalid option: `--hel' {MEAN('--help')}"),
+        (["--mme=64", "k.hvt"], f"pyvmm: Invalid option: `--mme=64' {MEAN('--mem')}"),
+        (["--nett:a=b", "k.hvt"], f"pyvmm: Invalid option: `--nett:a=b' {MEAN('--net:NAME')}"),
+        (["--frobnicate", "k.hvt"], "pyvmm: Invalid option: `--frobnicate' (see pyvmm --help)"),
+        (["--no-net-ring=1", "k.hvt"], f"pyvmm: --no-net-ring takes no value (given: {NR})"),
+    ],
+)
+def test_option_syntax_errors(args, line):
+    assert one_line(run_pyvmm(*args)) == line
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["--mem=64", "--mem=128"], "--mem given twice (--mem=64, then --mem=128)"),
+        (["--mem=64", "--mem", "64"], "--mem given twice (--mem=64, then --mem=64)"),
+        (["--net=tap100", "--net=tap100"], "--net given twice (--net=tap100, then --net=tap100)"),
+        (
+            ["--net:service0=tap100", "--net:service0", "tap100"],
+            "--net:service0 given twice (--net:service0=tap100, then --net:service0=tap100)",
+        ),
+        (["--stats", "--stats"], "--stats given twice (--stats, then --stats)"),
+        (["--no-lock", "--no-lock"], "--no-lock given twice (--no-lock, then --no-lock)"),
+        (["--cpl=0", "--cpl", "3"], "--cpl given twice (--cpl=0, then --cpl=3)"),
+    ],
+)
+def test_every_option_may_be_given_once(args, line):
+    got = one_line(run_pyvmm(*args, "k.hvt"))
+    assert got == f"pyvmm: {line}: each option may be given once"
+
+
+def test_two_options_for_one_setting_are_refused():
+    got = one_line(run_pyvmm("-v", "--quiet", "k.hvt"))
+    assert got == "pyvmm: -v and --quiet both set the log level: give one of them"
+
+
+@pytest.mark.kvm
+@pytest.mark.parametrize("cpl", ["0", "3"])
+def test_mem_rounding_is_noted_on_stderr(cpl):
+    result = run_pyvmm("--mem=3", f"--cpl={cpl}", guest("edges"), "exit", "0")
+    assert mem_size(result) == 2 << 20
+    assert result.stderr == ROUNDED + "\n"
+    quiet = run_pyvmm("-q", "--mem=3", f"--cpl={cpl}", guest("edges"), "exit", "0")
+    assert mem_size(quiet) == 2 << 20 and quiet.stderr == ""
+    exact = run_pyvmm("--mem=4", f"--cpl={cpl}", guest("edges"), "exit", "0")
+    assert mem_size(exact) == 4 << 20 and exact.stderr == ""
+
+
+# -- hints -----------------------------------------------------------------------
+
+
+def test_undeclared_device_lists_the_declared_names():
+    line = one_line(run_pyvmm("--net:eth0=tap100", guest("ping")))
+    assert line == (
+        f"pyvmm: Resource not declared in manifest: 'eth0' ({guest('ping')} declares: service0)"
+    )
+
+
+def test_mem_too_small_for_shmstream_names_the_minimum_and_shm_off():
+    line = one_line(run_pyvmm("--mem=2", "--net=tap100", guest("ping")))
+    assert line == (
+        "pyvmm: --mem=2 is too small for the shmstream region (2 MiB): give --mem=4 or more "
+        "(the region and at least 2 MiB for the guest), or --shm=off for plain hypercalls"
+    )
+
+
+@pytest.mark.kvm
+@pytest.mark.netns
+def test_tap_in_another_namespace_names_it():
+    with NetNamespace() as ns:
+        ns.add_tap("tapelsewhere")
+        line = one_line(run_pyvmm("--net=tapelsewhere", guest("ping")))
+        assert line == (
+            "pyvmm: Could not attach interface: tapelsewhere: tap device 'tapelsewhere' does "
+            f"not exist in pyvmm's network namespace but in network namespace '{ns.name}' "
+            f"(run pyvmm there: ip netns exec {ns.name} pyvmm ...; or pass an open tap fd: "
+            "--net=@FD)"
+        )
+
+
+# -- output errors -----------------------------------------------------------------
+
+
+@pytest.mark.kvm
+def test_closed_stdout_is_refused_at_once():
+    result = subprocess.run(
+        [sys.executable, "-m", "pyvmm", str(guest("hello"))],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert result.returncode == 1
+    assert result.stderr == (
+        "pyvmm: standard output is closed: the guest's console output would be lost "
+        "(redirect it to a file or /dev/null instead)\n"
+    )
+
+
+@pytest.mark.kvm
+@pytest.mark.parametrize("args", [[], ["--help"], ["--query-manifest"]])
+def test_a_full_stdout_is_an_error(args):
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [sys.executable, "-m", "pyvmm", *args, str(guest("hello"))],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
+    assert result.returncode == 1, result.stderr
+    line = result.stderr.strip()
+    assert "\n" not in line and "No space left on device" in line, result.stderr
+    if not args:
+        assert line == (
+            "pyvmm: cannot write the guest's console output to standard output: "
+            "No space left on device (the guest was stopped)"
+        )
+
+
+# -- locked disk images ------------------------------------------------------------
+
+
+@pytest.mark.kvm
+def test_a_disk_image_in_use_is_refused_naming_the_holder(disk):
+    with open(disk, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        comm = open(f"/proc/{os.getpid()}/comm").read().strip()
+        line = one_line(run_pyvmm(f"--block:storage={disk}", guest("blocktest")))
+        assert line == (
+            f"pyvmm: block device 'storage': {disk} is locked by another process "
+            f"({comm}, pid {os.getpid()}) (pyvmm locks a disk image while a guest uses it; "
+            "--no-lock attaches it anyway)"
+        )
+        forced = run_pyvmm("--no-lock", f"--block:storage={disk}", guest("blocktest"))
+        assert forced.returncode == 0 and "SUCCESS" in forced.stdout, forced.stderr
+    free = run_pyvmm(f"--block:storage={disk}", guest("blocktest"))
+    assert free.returncode == 0 and "SUCCESS" in free.stdout, free.stderr
+
+
+@pytest.mark.kvm
+def test_two_pyvmm_processes_do_not_share_a_disk_image(disk):
+    first = popen_pyvmm(f"--block:storage={disk}", guest("blockerr"))
+    try:
+        assert first.stdout.readline().startswith("ready"), first.stderr.read()
+        line = one_line(run_pyvmm(f"--block:storage={disk}", guest("blocktest")))
+        assert f"is locked by another process (python3, pid {first.pid})" in line or (
+            f"pid {first.pid})" in line
+        ), line
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)
+
+
+# -- log levels --------------------------------------------------------------------
+
+
+@pytest.mark.kvm
+def test_default_output_has_nothing_extra(disk):
+    result = run_pyvmm(f"--block:storage={disk}", guest("blocktest"))
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+@pytest.mark.kvm
+@pytest.mark.parametrize("options", [["-v"], ["--log-level=info"], ["--log-level", "info"]])
+def test_verbose_says_what_pyvmm_decided(disk, options):
+    result = run_pyvmm(*options, "--cpl=0", f"--block:storage={disk}", guest("blocktest"))
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert all(line.startswith("pyvmm: ") for line in lines), lines
+    text = "\n".join(lines)
+    assert "pyvmm: privilege: kernel mode, the guest's code at CPL 0 (--cpl=0)" in text
+    assert re.search(r"pyvmm: memory: 512 MiB mapped, the guest may use 0x0-0x20000000", text)
+    assert f"pyvmm: block device 'storage': {disk}, 1048576 bytes in blocks of 512" in text
+    assert "registers" not in text
+
+
+@pytest.mark.kvm
+def test_debug_dumps_registers_on_a_fault():
+    result = run_pyvmm("-vv", "--cpl=0", guest("fault_zeropage"))
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    dump = [line for line in lines if line.startswith("pyvmm: vCPU registers at the fault: ")]
+    assert len(dump) == 1 and re.search(r"\brip=0x[0-9a-f]+ .*\bcr2=0x0\b", dump[0]), lines
+    assert lines[-1].startswith("pyvmm: guest fault: "), lines
+    plain = run_pyvmm("--cpl=0", guest("fault_zeropage"))
+    assert len(plain.stderr.splitlines()) == 1
+
+
+def test_bad_log_level():
+    line = one_line(run_pyvmm("--log-level=loud", "k.hvt"))
+    assert line == "pyvmm: --log-level: 'loud' is not one of error, warning, info, debug"
+
+
+# -- --query-manifest --------------------------------------------------------------
+
+
+def test_query_manifest_text():
+    result = run_pyvmm("--query-manifest", guest("ping"))
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout.splitlines() == [
+        f"{guest('ping')}: Solo5 hvt ABI version 2, x86_64",
+        "devices (1):",
+        "  service0  NET_BASIC  --net:service0=IFACE",
+        "pyvmm capabilities: user mode (CPL 3, native speed on PVM hosts); "
+        "shmstream driver (pyvmm's ring network device)",
+    ]
+
+
+def test_query_manifest_json_is_solo5_elftools_object_plus_pyvmms_facts():
+    result = run_pyvmm("--query-manifest", "--json", guest("blocktest"))
+    assert result.returncode == 0, result.stderr
+    facts = json.loads(result.stdout)
+    assert facts["type"] == "solo5.manifest" and facts["version"] == 1
+    assert [(d["name"], d["type"]) for d in facts["devices"]] == [("storage", "BLOCK_BASIC")]
+    assert facts["abi"] == {"target": "hvt", "version": 2}
+    assert set(facts["capabilities"]) == {"user_mode", "shmstream"}
+
+
+def test_query_manifest_takes_only_the_kernel():
+    line = one_line(run_pyvmm("--query-manifest", guest("ping"), "--json"))
+    assert line.startswith("pyvmm: --query-manifest takes only KERNEL"), line
+    assert one_line(run_pyvmm("--json", guest("ping"))) == (
+        "pyvmm: --json applies only to --query-manifest"
+    )
+    bad = one_line(run_pyvmm("--query-manifest", ROOT / "README.md"))
+    assert bad.startswith("pyvmm: "), bad
+
+
+# -- --help, the man page, completion: one table -----------------------------------
+
+
+def test_help_lists_every_option_of_the_table_exit_statuses_and_environment():
+    from pyvmm import cli
+
+    text = run_pyvmm("--help").stdout
+    assert text == cli.usage()
+    for entry in cli.help_entries():
+        assert re.search(rf"^  {re.escape(entry.form)}( |$)", text, re.M), entry.form
+        for line in entry.help.split("\n"):
+            assert line in text, line
+    for status, meaning in cli.EXIT_STATUSES:
+        assert re.search(rf"^  {re.escape(status)} +{re.escape(meaning)}$", text, re.M)
+    for name, meaning in cli.ENVIRONMENT:
+        assert re.search(rf"^  {re.escape(name)} +{re.escape(meaning)}$", text, re.M)
+    assert run_pyvmm("-h").stdout == text
+
+
+def test_man_page_and_completion_are_generated_from_the_table():
+    from pyvmm import cli, clidocs
+
+    man = (ROOT / "docs" / "pyvmm.1").read_text()
+    assert man == clidocs.man_page(), "docs/pyvmm.1 is stale: run scripts/cli_docs.py"
+    completion = (ROOT / "scripts" / "pyvmm-completion.bash").read_text()
+    assert completion == clidocs.bash_completion(), "stale: run scripts/cli_docs.py"
+    for entry in cli.help_entries():
+        assert clidocs.roff(entry.form) in man, entry.form
+        for name in entry.names:
+            assert name in completion, name
+    for _status, meaning in cli.EXIT_STATUSES:
+        assert clidocs.roff(meaning) in man
+    for name, meaning in cli.ENVIRONMENT:
+        assert clidocs.roff(name.split("=")[0]) in man and clidocs.roff(meaning) in man
+
+
+def test_bash_completion_completes_options_and_values():
+    script = ROOT / "scripts" / "pyvmm-completion.bash"
+
+    def complete(*words: str) -> list[str]:
+        line = " ".join(["pyvmm", *words])
+        probe = (
+            f"source {script}; COMP_WORDS=(pyvmm {' '.join(repr(w) for w in words)}); "
+            f"COMP_CWORD={len(words)}; COMP_LINE={line!r}; COMP_POINT={len(line)}; "
+            "_pyvmm; printf '%s\\n' \"${COMPREPLY[@]}\""
+        )
+        done = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    assert "--mem=" in complete("--me")
+    assert set(complete("--shm=")) == {"off", "poll", "event", "hybrid"}
+    assert "--query-manifest" in complete("--que")
+    assert "--net:" in complete("--ne")
