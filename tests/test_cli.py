@@ -460,3 +460,14 @@ def test_bash_completion_completes_options_and_values():
     assert set(complete("--shm=")) == {"off", "poll", "event", "hybrid"}
     assert "--query-manifest" in complete("--que")
     assert "--net:" in complete("--ne")
+
+
+def test_readme_lists_every_option():
+    from pyvmm import cli
+
+    usage = (ROOT / "README.md").read_text().split("## Usage", 1)[1].split("\n## ", 1)[0]
+    for entry in cli.help_entries():
+        for name in entry.names:
+            assert name.rstrip(":") in usage, name
+    for name, _meaning in cli.ENVIRONMENT:
+        assert name in usage, name
