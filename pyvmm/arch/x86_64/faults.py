@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pyvmm._native import lib
 from pyvmm.arch.x86_64 import cpu
 from pyvmm.arch.x86_64.boot import LOW_ABSENT_END, LOW_READONLY_END
 from pyvmm.errors import GuestFault, HostError
@@ -18,9 +19,16 @@ if TYPE_CHECKING:
     from pyvmm.kvm import Vcpu, VcpuExit
     from pyvmm.memory import GuestMemory
 
+HVT_PIO_BASE = lib.HVT_HYPERCALL_PIO_BASE
+
 
 def explain(exit: VcpuExit, vcpu: Vcpu, memory: GuestMemory) -> GuestFault | None:
     match exit:
+        case IoOut(port=port, size=4) if 0 <= port - HVT_PIO_BASE < lib.HVT_HYPERCALL_MAX:
+            what = (
+                f"invalid hypercall: 4-byte write to port {port:#x} "
+                f"(Invalid guest hypercall: num={port - HVT_PIO_BASE})"
+            )
         case IoOut(port=port, size=size):
             what = (
                 f"invalid hypercall: {size}-byte write to port {port:#x} "
