@@ -25,6 +25,7 @@ SHARED_HEADERS = (
     "guestmem.h",
     "hcfast.h",
     "iothread.h",
+    "sandbox.h",
 )
 SOURCES = (
     "native.c",
@@ -33,6 +34,7 @@ SOURCES = (
     "iothread.c",
     "iothread_shm.c",
     "iothread_solo5.c",
+    "sandbox.c",
 )
 
 _DEFINE = re.compile(r"^#define\s+\w+\s+(0x[0-9a-fA-F]+|\d+)\s*$")
@@ -69,6 +71,22 @@ KVM_GET_REGS KVM_SET_REGS KVM_GET_SREGS KVM_SET_SREGS
 KVM_GET_SUPPORTED_CPUID KVM_SET_CPUID2 KVM_GET_TSC_KHZ KVM_SET_TSS_ADDR
 KVM_SET_IDENTITY_MAP_ADDR KVM_CAP_GET_TSC_KHZ KVM_CAP_EXT_CPUID
 
+""".split()
+
+# arm64 (<asm/kvm.h> through <linux/kvm.h>): vCPU init, ONE_REG ids (the
+# id of a core register adds offsetof(struct kvm_regs, ...) / 4, read from
+# the struct below; a system register's the op0..op2 fields shifted here).
+AARCH64_CONSTANTS = """
+KVM_ARM_VCPU_INIT KVM_ARM_PREFERRED_TARGET KVM_GET_ONE_REG KVM_SET_ONE_REG
+KVM_GET_REG_LIST KVM_ARM_VCPU_PSCI_0_2
+KVM_REG_ARM64 KVM_REG_SIZE_U32 KVM_REG_SIZE_U64 KVM_REG_ARM_CORE
+KVM_REG_ARM64_SYSREG KVM_REG_ARM_COPROC_SHIFT
+KVM_REG_ARM64_SYSREG_OP0_SHIFT KVM_REG_ARM64_SYSREG_OP1_SHIFT
+KVM_REG_ARM64_SYSREG_CRN_SHIFT KVM_REG_ARM64_SYSREG_CRM_SHIFT
+KVM_REG_ARM64_SYSREG_OP2_SHIFT
+KVM_EXIT_ARM_NISV KVM_SYSTEM_EVENT_SHUTDOWN KVM_SYSTEM_EVENT_RESET
+KVM_CAP_ARM_PSCI_0_2 KVM_CAP_ONE_REG KVM_CAP_ARM_VM_IPA_SIZE KVM_CAP_ARM_PMU_V3
+KVM_CAP_ARM_PTRAUTH_ADDRESS KVM_CAP_ARM_SVE KVM_CAP_ARM_EL1_32BIT
 """.split()
 
 KVM_STRUCTS = """
@@ -153,6 +171,40 @@ struct kvm_cpuid2 {
 };
 """
 
+# cffi cannot parse __uint128_t (struct user_fpsimd_state): kvm_regs names
+# only the fields pyvmm uses and lets the compiler place them ("...").
+AARCH64_STRUCTS = """
+struct user_pt_regs {
+    uint64_t regs[31];
+    uint64_t sp;
+    uint64_t pc;
+    uint64_t pstate;
+};
+struct kvm_regs {
+    struct user_pt_regs regs;
+    uint64_t sp_el1;
+    uint64_t elr_el1;
+    uint64_t spsr[...];
+    ...;
+};
+struct kvm_vcpu_init {
+    uint32_t target;
+    uint32_t features[...];
+};
+struct kvm_one_reg {
+    uint64_t id;
+    uint64_t addr;
+};
+uint64_t pyvmm_arm64_cntfrq(void);
+"""
+
+
+def arch_source(machine: str) -> str:
+    """The architecture's part of the data plane (csrc/arch.h)."""
+    if not (HERE / f"arch_{machine}.c").exists():
+        raise SystemExit(f"pyvmm: no data plane for {machine} (csrc/arch_{machine}.c)")
+    return f"arch_{machine}.c"
+
 
 def build_ffi(machine: str | None = None) -> FFI:
     machine = machine or platform.machine()
@@ -162,6 +214,9 @@ def build_ffi(machine: str | None = None) -> FFI:
     if machine == "x86_64":
         constants += X86_CONSTANTS
         structs += X86_STRUCTS
+    elif machine == "aarch64":
+        constants += AARCH64_CONSTANTS
+        structs += AARCH64_STRUCTS
     ffi.cdef("\n".join(f"#define {name} ..." for name in constants))
     ffi.cdef(structs)
     for header in SHARED_HEADERS:
@@ -171,8 +226,10 @@ def build_ffi(machine: str | None = None) -> FFI:
         "#include <linux/kvm.h>\n" + "".join(f'#include "{h}"\n' for h in SHARED_HEADERS),
         # setuptools insists on /-separated paths relative to setup.py's
         # directory, whatever the current directory of whoever imports this.
-        sources=[f"{SOURCE_DIR}/{s}" for s in SOURCES],
+        sources=[f"{SOURCE_DIR}/{s}" for s in (*SOURCES, arch_source(machine))],
         include_dirs=[SOURCE_DIR],
+        # The sandbox's filter (csrc/sandbox.c): Debian's libseccomp-dev.
+        libraries=["seccomp"],
         extra_compile_args=["-O2", "-Wall", "-std=gnu11"],
     )
     return ffi

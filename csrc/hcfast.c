@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <linux/kvm.h>
 
+#include "arch.h"
 #include "hcfast.h"
 #include "hvt_abi.h"
 #include "iothread.h"
@@ -239,12 +240,10 @@ static int poll_hc(struct pyvmm_fastpath *fp, uint64_t gpa, int *interrupted)
 
 static int answer(struct pyvmm_fastpath *fp, const struct pyvmm_exit *exit, int *interrupted)
 {
-    uint64_t gpa = exit->io_value;
+    uint64_t gpa;
 
-    if (exit->reason != KVM_EXIT_IO || exit->io_direction != KVM_EXIT_IO_OUT ||
-        exit->io_size != 4 || exit->io_count != 1)
-        return PYTHON;
-    switch (exit->io_port - HVT_HYPERCALL_PIO_BASE) {
+    /* The transport is the architecture's (arch.h): port I/O or MMIO. */
+    switch (pyvmm_arch_hypercall(exit, &gpa)) {
     case HVT_HYPERCALL_WALLTIME:
         return walltime(fp, gpa);
     case HVT_HYPERCALL_NET_READ:

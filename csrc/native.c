@@ -9,6 +9,7 @@
 #include <time.h>
 #include <linux/kvm.h>
 
+#include "arch.h"
 #include "native.h"
 
 long pyvmm_ioctl_ptr(int fd, unsigned long request, void *arg)
@@ -81,6 +82,7 @@ int pyvmm_vcpu_run(int vcpu_fd, void *kvm_run, struct pyvmm_exit *exit)
         exit->hw_reason = run->hw.hardware_exit_reason;
         break;
     default:
+        pyvmm_arch_decode_exit(run, exit);
         break;
     }
     return 0;
@@ -144,12 +146,18 @@ int pyvmm_unmap(uint64_t addr, uint64_t size)
     return munmap((void *)(uintptr_t)addr, size) < 0 ? -errno : 0;
 }
 
+#include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 static volatile sig_atomic_t stop_signal;
 static struct kvm_run *volatile stop_run;
 static volatile int stop_fd = -1;
+/* The vCPU thread (the one that installed the handlers): a process-directed
+ * signal taken by another thread must still kick it out of KVM_RUN. */
+static volatile pid_t stop_vcpu_tid;
 static const int stop_signals[] = { SIGINT, SIGTERM, SIGHUP };
 #define N_STOP_SIGNALS (sizeof(stop_signals) / sizeof(stop_signals[0]))
 static struct sigaction saved_actions[N_STOP_SIGNALS];
@@ -168,6 +176,14 @@ static void on_stop_signal(int sig)
     if (stop_fd >= 0 && write(stop_fd, &one, sizeof(one)) < 0) {
         /* Nothing to do: the flag alone still stops the run loop. */
     }
+    /*
+     * Taken on another thread (pyvmm.api runs the vCPU off the main
+     * thread): send the same signal to the vCPU thread, whose KVM_RUN (or
+     * blocking call) it interrupts; this handler runs again there and finds
+     * the flag set. tgkill is async-signal-safe; pthread_kill is not listed.
+     */
+    if (stop_vcpu_tid > 0 && syscall(SYS_gettid) != stop_vcpu_tid)
+        syscall(SYS_tgkill, getpid(), stop_vcpu_tid, sig);
     errno = saved_errno;
 }
 
@@ -182,6 +198,7 @@ int pyvmm_signals_install(int fd, void *kvm_run)
     stop_signal = 0;
     stop_fd = fd;
     stop_run = kvm_run;
+    stop_vcpu_tid = (pid_t)syscall(SYS_gettid);
     for (i = 0; i < N_STOP_SIGNALS; i++)
         if (sigaction(stop_signals[i], &sa, &saved_actions[i]) < 0)
             return -errno;
@@ -200,11 +217,62 @@ void pyvmm_signals_restore(void)
     signals_installed = 0;
     stop_run = NULL;
     stop_fd = -1;
+    stop_vcpu_tid = 0;
 }
 
 int pyvmm_stop_signal(void)
 {
     return stop_signal;
+}
+
+long pyvmm_console_write(int fd, const void *buf, uint64_t len)
+{
+    const uint8_t *p = buf;
+    uint64_t done = 0;
+    long result = 0;
+    int flags = fcntl(fd, F_GETFL);
+    int set = flags >= 0 && !(flags & O_NONBLOCK);
+
+    /*
+     * Non-blocking only while this call writes, so that a full pipe or a
+     * stopped terminal leaves us in poll, with the stop eventfd, and never
+     * asleep in write() where a stop signal that arrived just before would
+     * be lost (Python's os.write retries after EINTR on its own).
+     */
+    if (set && fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0)
+        set = 0;
+    while (done < len) {
+        ssize_t n;
+
+        if (stop_signal) {
+            result = -EINTR;
+            break;
+        }
+        n = write(fd, p + done, len - done);
+        if (n > 0) {
+            done += (uint64_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            struct pollfd pfds[2] = {
+                { .fd = fd, .events = POLLOUT },
+                { .fd = stop_fd, .events = POLLIN },
+            };
+            /* stop_fd < 0 (no run): poll ignores it. */
+            if (poll(pfds, 2, -1) < 0 && errno != EINTR) {
+                result = -errno;
+                break;
+            }
+            continue;
+        }
+        result = n < 0 ? -errno : -EIO;
+        break;
+    }
+    if (set)
+        fcntl(fd, F_SETFL, flags);
+    return result < 0 ? result : (long)done;
 }
 
 int pyvmm_setns(int fd, int nstype)

@@ -73,6 +73,14 @@ int pyvmm_signals_install(int stop_fd, void *kvm_run);
 void pyvmm_signals_restore(void);
 int pyvmm_stop_signal(void);
 
+/*
+ * The console: write all of buf to fd (stdout), in a way a stop signal can
+ * always interrupt: the fd is non-blocking during the call and a full pipe
+ * is waited for with poll on fd and the stop eventfd.  Returns len, or
+ * -EINTR when a stop signal arrived (the output is abandoned), or -errno.
+ */
+long pyvmm_console_write(int fd, const void *buf, uint64_t len);
+
 /* setns(2) for the calling thread; 0 or -errno. */
 int pyvmm_setns(int fd, int nstype);
 #endif

@@ -51,10 +51,12 @@ def options_to_argv(kernel: str, args: tuple[str, ...], options: dict[str, Any])
 class Guest:
     """One guest run, prepared from options; ``start()`` it once."""
 
-    def __init__(self, kernel: str, *args: str, **options: Any) -> None:
+    def __init__(self, kernel: str, *args: str, sandbox: bool = False, **options: Any) -> None:
         config = parse_args(options_to_argv(kernel, args, options))
         if not isinstance(config, VmConfig):
             raise UsageError(f"not a run: {config}")
+        # The seccomp filter covers the whole process for good: only on request.
+        config.sandbox = sandbox
         self.config = config
         self._vmm: Vmm | None = None
         self._thread: threading.Thread | None = None

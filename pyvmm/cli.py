@@ -103,6 +103,10 @@ def _set(attr: str, convert: Callable[[str, str], object] | None = None):
     return apply
 
 
+def _no_sandbox(cmd: Command, name: str, value: str | None) -> None:
+    cmd.config.sandbox = False
+
+
 def _choice(values: tuple[str, ...]) -> Callable[[str, str], str]:
     def check(name: str, value: str) -> str:
         if value not in values:
@@ -221,6 +225,20 @@ OPTIONS: tuple[CliOption | object, ...] = (
         "(built with Solo5 0.9 or older): plain\n"
         "hypercalls, no rings",
         _set("legacy_abi"),
+    ),
+    CliOption(
+        ("--no-sandbox",),
+        "",
+        "run without the seccomp filter pyvmm puts on\n"
+        "itself before the guest starts (debugging;\n"
+        "docs/security.md)",
+        _no_sandbox,
+    ),
+    CliOption(
+        ("--user",),
+        "USER",
+        "drop to USER (and its groups) once every\ndevice is open, before the guest starts",
+        _set("user", lambda n, v: v),
     ),
     CliOption(
         ("--shm-slots",),
@@ -438,7 +456,7 @@ def _once(cmd: Command, key: tuple[str, str | None], arg: str, shown: str) -> No
 
 
 def parse_command(argv: list[str]) -> Command:
-    cmd = Command(VmConfig(kernel=""))
+    cmd = Command(VmConfig(kernel="", sandbox=True))  # the command sandboxes itself
     core = _spellings()
     devices = option_table()
     i = 0

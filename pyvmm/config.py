@@ -43,6 +43,12 @@ class VmConfig:
     no_net_ring: bool = False
     # Also boot guests with Solo5 hvt ABI version 1 (Solo5 <= 0.9 builds).
     legacy_abi: bool = False
+    # The seccomp filter (sandbox.py) once set-up is over: the command turns
+    # it on (--no-sandbox: off); for in-process use (api.Guest) it is off
+    # unless asked for, as it filters the whole process for good.
+    sandbox: bool = False
+    # Drop to this user once the devices are open (--user).
+    user: str | None = None
     pin_vcpu: int | None = None
     pin_io: int | None = None
     # Counters (statsview.py): a human summary on stderr at exit; with an

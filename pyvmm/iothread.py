@@ -107,12 +107,16 @@ class IoService:
     def _open(self, config: IoConfig, vm, kick_port: int, *, wake: bool) -> None:
         self.config = config
         self._stack = ExitStack()
-        self.kick_fd = self._eventfd()
-        vm.add_ioeventfd(self.kick_fd, kick_port, 4, pio=True)
-        # wake: the IO thread wakes the vCPU blocked in the poll hypercall.
-        self.wake_fd = self._eventfd() if wake else -1
-        self.io = IoThread(config, self.kick_fd, self.wake_fd)
-        self._stack.callback(self.io.close)
+        try:
+            self.kick_fd = self._eventfd()
+            vm.add_ioeventfd(self.kick_fd, kick_port, 4, pio=True)
+            # wake: the IO thread wakes the vCPU blocked in the poll hypercall.
+            self.wake_fd = self._eventfd() if wake else -1
+            self.io = IoThread(config, self.kick_fd, self.wake_fd)
+            self._stack.callback(self.io.close)
+        except BaseException:  # the caller's own clean-up needs self.io
+            self._stack.close()
+            raise
 
     def _eventfd(self) -> int:
         fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)

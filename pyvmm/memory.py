@@ -126,6 +126,19 @@ class GuestMemory:
         access = lib.PYVMM_GM_SETUP if setup else lib.PYVMM_GM_WRITE
         return ffi.cast(ctype + " *", self._checked(gpa, ffi.sizeof(ctype), access, what))
 
+    def request(self, ctype: str, gpa: int, *, what: str = "access"):
+        """A hypercall's argument struct, read once: ``(copy, guest)``.
+
+        ``copy`` is a private copy that the handler reads every request field
+        from (the guest, or the IO thread when the struct lies in a ring area,
+        may change guest memory while the handler runs; csrc/hcfast.c copies
+        the same way); ``guest`` is the checked pointer that only result
+        fields are written through."""
+        guest = self.struct(ctype, gpa, what=what)
+        copy = ffi.new(ctype + " *")
+        ffi.memmove(copy, guest, ffi.sizeof(ctype))
+        return copy, guest
+
     def pointer(self, gpa: int, length: int, *, write: bool = True, what: str = "access"):
         """A raw ``void *`` to [gpa, gpa+length), for C code (the IO thread)."""
         access = lib.PYVMM_GM_WRITE if write else lib.PYVMM_GM_READ
@@ -156,18 +169,27 @@ class GuestMemory:
 
     def protect(self, gpa: int, length: int, prot: Protection) -> None:
         """Set host (and so guest) access rights of whole pages."""
-        if gpa % PAGE_SIZE or length % PAGE_SIZE:
-            raise ValueError("protect() takes whole pages")
-        self.check(gpa, length, what="protect")
-        err = lib.pyvmm_protect(self.host_addr + gpa, length, prot.native)
-        if err:
-            raise HostError(f"mprotect of guest memory failed: {_strerror(-err)}")
-        if not prot.write:
-            self._add_read_only(gpa, gpa + length)
+        self.protect_all([(gpa, length, prot)])
 
-    def _add_read_only(self, start: int, end: int) -> None:
+    def protect_all(self, ranges) -> None:
+        """``protect`` for many (gpa, length, prot) ranges, the read-only set
+        updated once (linear in the number of ranges, plus one sort)."""
+        added: list[tuple[int, int]] = []
+        for gpa, length, prot in ranges:
+            if gpa % PAGE_SIZE or length % PAGE_SIZE:
+                raise ValueError("protect() takes whole pages")
+            self.check(gpa, length, what="protect")
+            err = lib.pyvmm_protect(self.host_addr + gpa, length, prot.native)
+            if err:
+                raise HostError(f"mprotect of guest memory failed: {_strerror(-err)}")
+            if not prot.write:
+                added.append((gpa, gpa + length))
+        if added:
+            self._add_read_only(added)
+
+    def _add_read_only(self, ranges: list[tuple[int, int]]) -> None:
         merged: list[tuple[int, int]] = []
-        for s, e in sorted(self._ro + [(start, end)]):
+        for s, e in sorted(self._ro + ranges):
             if merged and s <= merged[-1][1]:
                 merged[-1] = (merged[-1][0], max(merged[-1][1], e))
             else:

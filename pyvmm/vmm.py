@@ -17,6 +17,7 @@ from contextlib import ExitStack
 from dataclasses import replace
 from typing import Any
 
+from pyvmm import sandbox
 from pyvmm._native import lib
 from pyvmm.arch import ExitHandler
 from pyvmm.config import VmConfig
@@ -187,6 +188,12 @@ class Vmm:
         try:
             if service is not None:
                 service.start()
+            # Every fd is open and every thread exists: give up what the
+            # run does not need (docs/security.md).
+            if self.config.user:
+                sandbox.drop_privileges(self.config.user)
+            if self.config.sandbox:
+                sandbox.install()
             return self._loop()
         finally:
             if service is not None:

@@ -11,7 +11,7 @@ _pyvmm()
         *) COMPREPLY=($(compgen -f -- "$cur")); return ;;
         esac
     done
-    local opts="--mem= --net: --net= --net-mac: --block: --block-sector-size: --no-lock --cpl= --shm= --hybrid-budget= --no-net-ring --legacy-abi --shm-slots= --pin= --stats= --stats-json= -v -vv --log-level= -q --quiet --query-manifest --json -h --help --version --host-info"
+    local opts="--mem= --net: --net= --net-mac: --block: --block-sector-size: --no-lock --cpl= --shm= --hybrid-budget= --no-net-ring --legacy-abi --no-sandbox --user= --shm-slots= --pin= --stats= --stats-json= -v -vv --log-level= -q --quiet --query-manifest --json -h --help --version --host-info"
     if [[ $cur == --*=* ]]; then
         prev=${cur%%=*}
         prev=${prev%%:*}

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
-import select
 
+from pyvmm._native import ffi, lib
 from pyvmm.errors import OutputError
 
 
@@ -15,24 +16,24 @@ class Console:
 
     def write(self, data) -> None:
         """Write everything; a closed stdout (EPIPE) silences the console only,
-        any other write error ends the run (OutputError: status 1, one line)."""
+        any other write error ends the run (OutputError: status 1, one line).
+
+        The write is C's (pyvmm_console_write): a reader that stopped reading
+        leaves pyvmm waiting in poll on stdout and the stop eventfd, so a stop
+        signal still ends the run (the rest of the output is abandoned and the
+        run loop sees the signal), where os.write would retry for ever.
+        """
         if self.broken:
             return
-        view = memoryview(data)
-        while view:
-            try:
-                written = os.write(self.fd, view)
-            except InterruptedError:
-                continue
-            except BlockingIOError:  # a non-blocking stdout: wait until it drains
-                select.select([], [self.fd], [])
-                continue
-            except BrokenPipeError:
-                self.broken = True
-                return
-            except OSError as err:  # /dev/full, EIO: output lost, said at once
-                raise OutputError(
-                    f"cannot write the guest's console output to standard output: "
-                    f"{err.strerror or err} (the guest was stopped)"
-                ) from None
-            view = view[written:]
+        buf = ffi.from_buffer(data)
+        result = lib.pyvmm_console_write(self.fd, buf, len(buf))
+        if result >= 0 or result == -errno.EINTR:
+            return
+        if result == -errno.EPIPE:
+            self.broken = True
+            return
+        # /dev/full, EIO: output lost, said at once.
+        raise OutputError(
+            f"cannot write the guest's console output to standard output: "
+            f"{os.strerror(-result)} (the guest was stopped)"
+        )

@@ -96,11 +96,11 @@ class Hypercalls:
         arg.nsecs = time.time_ns()
 
     def puts(self, gpa: int) -> None:
-        arg = self.memory.struct("struct hvt_hc_puts", gpa, what="puts hypercall")
+        arg, _ = self.memory.request("struct hvt_hc_puts", gpa, what="puts hypercall")
         self.console.write(self.memory.buffer(arg.data, arg.len, what="puts hypercall"))
 
     def poll(self, gpa: int) -> None:
-        arg = self.memory.struct("struct hvt_hc_poll", gpa, what="poll hypercall")
+        arg, guest = self.memory.request("struct hvt_hc_poll", gpa, what="poll hypercall")
         timeout = min(arg.timeout_nsecs, (1 << 63) - 1)
         shm = self.shm
         ready = 0
@@ -120,11 +120,11 @@ class Hypercalls:
         for bit, handle in enumerate(self._poll_handles, start=self._poll_first):
             if mask > 0 and mask & (1 << bit):
                 ready |= 1 << handle
-        arg.ready_set = ready
-        arg.ret = OK
+        guest.ready_set = ready
+        guest.ret = OK
 
     def halt(self, gpa: int) -> None:
-        arg = self.memory.struct("struct hvt_hc_halt", gpa, what="halt hypercall")
+        arg, _ = self.memory.request("struct hvt_hc_halt", gpa, what="halt hypercall")
         if arg.cookie:
             # The abort cookie (Solo5 passes it for core dumps): only checked,
             # so a bad one is reported rather than read out of bounds later.

@@ -41,6 +41,10 @@ ADDRESS_LIMIT = 1 << 64
 # the parser allocate without limit.
 MAX_NOTES = 256
 MAX_NOTE_BYTES = 1 << 20
+# Solo5's and MirageOS's linker scripts make 3 to 6 program headers; this
+# many is far beyond any real image and keeps loading (the protection pass,
+# the page tables) small whatever the file says.
+MAX_PROGRAM_HEADERS = 512
 
 MACHINES = {62: "x86_64", 183: "aarch64"}
 
@@ -183,6 +187,8 @@ def parse_elf(data: bytes, name: str) -> ElfImage:
         raise fail("no program headers")
     if e_phnum == PN_XNUM:
         raise fail("too many program headers (PN_XNUM is not supported)")
+    if e_phnum > MAX_PROGRAM_HEADERS:
+        raise fail(f"too many program headers ({e_phnum}, at most {MAX_PROGRAM_HEADERS})")
     if e_phentsize != _PHDR.size:
         raise fail(f"bad program header size {e_phentsize}, need {_PHDR.size}")
 

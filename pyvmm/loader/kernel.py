@@ -141,32 +141,36 @@ def page_protections(kernel: Kernel) -> tuple[ProtectedRange, ...]:
     segment loses an access it asked for. Read is always granted: the host
     must be able to read any page a hypercall argument points into, and x86
     cannot express write- or execute-only pages anyway.
+
+    One pass over the segments (sorted by address and not overlapping, as
+    parse_elf guarantees): two neighbours can share only the page where one
+    ends and the next starts, so only the last run can need a split.
     """
-    cuts: set[int] = set()
-    spans: list[tuple[int, int, Segment]] = []
+    runs: list[tuple[int, int, bool, bool]] = []  # [start, end), write, execute
     for seg in kernel.segments:
         start = seg.paddr // PAGE_SIZE * PAGE_SIZE
         end = -(-seg.end // PAGE_SIZE) * PAGE_SIZE
-        if end > start:
-            spans.append((start, end, seg))
-            cuts.update((start, end))
-    bounds = sorted(cuts)
-    runs: list[ProtectedRange] = []
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
-        covering = [seg for start, end, seg in spans if start < hi and lo < end]
-        if not covering:
+        if end <= start:
             continue
-        prot = Protection(
-            read=True,
-            write=any(seg.writable for seg in covering),
-            execute=any(seg.executable for seg in covering),
-        )
-        last = runs[-1] if runs else None
-        if last and last.protection == prot and last.start + last.length == lo:
-            runs[-1] = ProtectedRange(last.start, last.length + hi - lo, prot)
+        write, execute = seg.writable, seg.executable
+        if runs and start < runs[-1][1]:  # shares the page [start, start + PAGE_SIZE)
+            lo, hi, w, x = runs.pop()
+            if lo < start:
+                runs.append((lo, start, w, x))
+            runs.append((start, hi, w or write, x or execute))
+            if hi < end:
+                runs.append((hi, end, write, execute))
         else:
-            runs.append(ProtectedRange(lo, hi - lo, prot))
-    return tuple(runs)
+            runs.append((start, end, write, execute))
+    merged: list[ProtectedRange] = []
+    for lo, hi, w, x in runs:
+        prot = Protection(read=True, write=w, execute=x)
+        last = merged[-1] if merged else None
+        if last and last.protection == prot and last.start + last.length == lo:
+            merged[-1] = ProtectedRange(last.start, hi - last.start, prot)
+        else:
+            merged.append(ProtectedRange(lo, hi - lo, prot))
+    return tuple(merged)
 
 
 _ZERO_CHUNK = memoryview(bytes(MIB))
@@ -186,5 +190,4 @@ def place(kernel: Kernel, memory: GuestMemory) -> None:
             n = min(end - at, len(_ZERO_CHUNK))
             memory.write(at, _ZERO_CHUNK[:n], what="kernel load")
             at += n
-    for run in page_protections(kernel):
-        memory.protect(run.start, run.length, run.protection)
+    memory.protect_all((run.start, run.length, run.protection) for run in page_protections(kernel))

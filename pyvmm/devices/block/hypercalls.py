@@ -32,10 +32,11 @@ class BlockHypercalls:
         self._block(gpa, "struct hvt_hc_block_read", "block_read hypercall", True)
 
     def _block(self, gpa: int, ctype: str, what: str, is_read: bool) -> None:
-        arg = self.memory.struct(ctype, gpa, what=what)
+        # Request fields from a copy, read once; only ``ret`` goes back.
+        arg, guest = self.memory.request(ctype, gpa, what=what)
         device = self.disks.get(arg.handle)
         if device is None or not device.valid(arg.offset, arg.len):
-            arg.ret = lib.HVT_RET_EINVAL
+            guest.ret = lib.HVT_RET_EINVAL
             return
         buf = self.memory.buffer(arg.data, arg.len, write=is_read, what=what)
         try:
@@ -44,6 +45,6 @@ class BlockHypercalls:
             else:
                 device.write_from(arg.offset, buf)
         except OSError:
-            arg.ret = lib.HVT_RET_EUNSPEC
+            guest.ret = lib.HVT_RET_EUNSPEC
             return
-        arg.ret = lib.HVT_RET_OK
+        guest.ret = lib.HVT_RET_OK

@@ -30,32 +30,33 @@ class NetHypercalls:
         }
 
     def net_write(self, gpa: int) -> None:
-        arg = self.memory.struct("struct hvt_hc_net_write", gpa, what="net_write hypercall")
+        # Request fields from a copy, read once; only results go back.
+        arg, guest = self.memory.request("struct hvt_hc_net_write", gpa, what="net_write hypercall")
         device = self.nets.get(arg.handle)
         if device is None or arg.len > device.max_frame:
-            arg.ret = EINVAL
+            guest.ret = EINVAL
             return
         try:
             device.write(self.memory.buffer(arg.data, arg.len, what="net_write hypercall"))
         except OSError:
-            arg.ret = EUNSPEC
+            guest.ret = EUNSPEC
             return
-        arg.ret = OK
+        guest.ret = OK
 
     def net_read(self, gpa: int) -> None:
-        arg = self.memory.struct("struct hvt_hc_net_read", gpa, what="net_read hypercall")
+        arg, guest = self.memory.request("struct hvt_hc_net_read", gpa, what="net_read hypercall")
         device = self.nets.get(arg.handle)
         if device is None:
-            arg.ret = EINVAL
+            guest.ret = EINVAL
             return
         buf = self.memory.buffer(arg.data, arg.len, write=True, what="net_read hypercall")
         try:
             length = device.read_into(buf)
         except OSError:
-            arg.ret = EUNSPEC
+            guest.ret = EUNSPEC
             return
         if length is None:
-            arg.ret = AGAIN
+            guest.ret = AGAIN
             return
-        arg.len = length
-        arg.ret = OK
+        guest.len = length
+        guest.ret = OK

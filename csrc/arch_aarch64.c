@@ -1,0 +1,46 @@
+/* aarch64's part of the data plane (arch.h): MMIO hypercalls, the exits
+ * only arm64 KVM has, the generic timer's frequency. */
+#include <linux/kvm.h>
+
+#include "arch.h"
+#include "hvt_abi.h"
+
+unsigned pyvmm_arch_hypercall(const struct pyvmm_exit *exit, uint64_t *gpa)
+{
+    uint64_t off;
+
+    if (exit->reason != KVM_EXIT_MMIO || !exit->mmio_is_write || exit->mmio_len != 4 ||
+        exit->mmio_addr < HVT_HYPERCALL_MMIO_BASE)
+        return 0;
+    off = exit->mmio_addr - HVT_HYPERCALL_MMIO_BASE;
+    if (off & 7 || off == 0 || (off >> 3) > HVT_HYPERCALL_MAX)
+        return 0;
+    *gpa = exit->mmio_value;
+    return (unsigned)(off >> 3);
+}
+
+void pyvmm_arch_decode_exit(const struct kvm_run *run, struct pyvmm_exit *exit)
+{
+    switch (run->exit_reason) {
+    case KVM_EXIT_ARM_NISV:
+        /* A data abort KVM could not decode (no valid syndrome): the
+         * faulting IPA and what the syndrome has. */
+        exit->fault_gpa = run->arm_nisv.fault_ipa;
+        exit->hw_reason = run->arm_nisv.esr_iss;
+        break;
+    case KVM_EXIT_SYSTEM_EVENT:
+        /* PSCI SYSTEM_OFF / SYSTEM_RESET from the guest. */
+        exit->hw_reason = run->system_event.type;
+        break;
+    default:
+        break;
+    }
+}
+
+uint64_t pyvmm_arm64_cntfrq(void)
+{
+    uint64_t freq;
+
+    __asm__ volatile("mrs %0, cntfrq_el0" : "=r"(freq));
+    return freq;
+}

@@ -1,0 +1,25 @@
+/* x86_64's part of the data plane (arch.h): port-I/O hypercalls. */
+#include <linux/kvm.h>
+
+#include "arch.h"
+#include "hvt_abi.h"
+
+unsigned pyvmm_arch_hypercall(const struct pyvmm_exit *exit, uint64_t *gpa)
+{
+    uint32_t n;
+
+    if (exit->reason != KVM_EXIT_IO || exit->io_direction != KVM_EXIT_IO_OUT ||
+        exit->io_size != 4 || exit->io_count != 1)
+        return 0;
+    n = exit->io_port - HVT_HYPERCALL_PIO_BASE;
+    if (exit->io_port < HVT_HYPERCALL_PIO_BASE || n == 0 || n > HVT_HYPERCALL_MAX)
+        return 0;
+    *gpa = exit->io_value;
+    return n;
+}
+
+void pyvmm_arch_decode_exit(const struct kvm_run *run, struct pyvmm_exit *exit)
+{
+    (void)run;
+    (void)exit;
+}
