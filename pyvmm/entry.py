@@ -19,6 +19,7 @@ the process as it would any program, by the signal (a shell shows 128 + N).
 
 import signal
 import sys
+import threading
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _stop = 0
@@ -48,15 +49,26 @@ def _unraisable(hook):
         global _delivered
         if isinstance(unraisable.exc_value, _Stop):
             # Raised where Python cannot propagate it (a __del__, a weakref
-            # callback): send the signal again, to be raised elsewhere (or
-            # taken by the C handlers if a guest runs by then).
+            # callback): send the signal again to the main thread, once this
+            # hook has returned, so that it is raised elsewhere (or taken by
+            # the C handlers if a guest runs by then).
             _delivered = False
-            signal.raise_signal(_stop)
+            done = threading.Event()
+            threading.Thread(target=_resend, args=(done, _stop), daemon=True).start()
+            done.set()
             return
         if not _stop:
             hook(unraisable)
 
     return quiet
+
+
+def _resend(done, signum: int) -> None:
+    import time
+
+    done.wait()
+    time.sleep(0.001)  # the hook returns right after setting done
+    signal.pthread_kill(threading.main_thread().ident, signum)
 
 
 def check() -> None:
