@@ -399,7 +399,9 @@ def _missing_hint(name: str, raw: bytes) -> str:
         finally:
             os.close(ns_fd)
     if found:
-        where = ", ".join(f"'{n}'" for n in found)
+        where = ", ".join(f"'{n}'" for n in found[:3])
+        if len(found) > 3:
+            where += f" and {len(found) - 3} more"
         return (
             f"does not exist in pyvmm's network namespace but in network namespace "
             f"{where} (run pyvmm there: ip netns exec {found[0]} pyvmm ...; or pass an "
