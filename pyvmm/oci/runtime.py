@@ -1,0 +1,453 @@
+"""pyvmm-oci: the part of runc's command line containerd's runc shim uses.
+
+    pyvmm-oci [--root DIR] [--log FILE] [--log-format text|json] [--debug]
+              [--systemd-cgroup] COMMAND ...
+
+    create --bundle DIR --pid-file FILE [--console-socket SOCK] ID
+    start ID
+    state ID
+    kill [--all] ID [SIGNAL]
+    delete [--force] ID
+    ps [--format json] ID
+    features, --version
+
+``create`` forks the container's process, which is pyvmm: the child (the
+"init", whose pid goes to the pid file) sets up its namespaces and stdio
+and blocks opening ``exec.fifo`` in the state directory for writing, as
+runc's init does; ``create`` returns, and the shim (a child subreaper)
+inherits the child. ``start`` opens the FIFO for reading and takes one
+byte: the child continues and execs ``python3 -m pyvmm ... KERNEL ARGS``
+under the same pid, so the shim reaps pyvmm itself (its exit status is the
+guest's, 128 + N after a stop signal) and its stdout/stderr are the
+container's. ``state`` says ``created`` while the FIFO exists and the
+process lives, ``running`` after ``start``, ``stopped`` once it is gone.
+
+State lives in ``ROOT/ID/state.json`` (ROOT: ``--root``, default
+/run/pyvmm-oci). Errors are one line on stderr and, with ``--log``, a
+``{"level": "error", "msg": ...}`` line in the log, where the shim looks
+for the reason of a failed command. ``PYVMM_OCI_TRACE=FILE`` appends every
+invocation's argv to FILE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import sys
+import time
+from datetime import UTC, datetime
+
+from pyvmm.oci.bundle import (
+    NET_ARGS,
+    BundleError,
+    Unikernel,
+    load_config,
+    net_args,
+    read_bundle,
+    rootfs_of,
+)
+
+DEFAULT_ROOT = "/run/pyvmm-oci"
+VERSION = "1.1.0"  # the runc command-line level this follows
+OCI_VERSION = "1.0.2"
+START_TIMEOUT = 30.0
+
+
+class RuntimeError_(Exception):
+    """Refused command (one line for the user)."""
+
+
+# -- logging -------------------------------------------------------------
+
+
+class Log:
+    def __init__(self, path: str | None, fmt: str) -> None:
+        self.path, self.fmt = path, fmt
+
+    def write(self, level: str, msg: str) -> None:
+        if not self.path:
+            return
+        now = datetime.now(UTC).isoformat()
+        if self.fmt == "json":
+            line = json.dumps({"level": level, "msg": msg, "time": now})
+        else:
+            line = f'time="{now}" level={level} msg="{msg}"'
+        with contextlib.suppress(OSError), open(self.path, "a") as f:
+            f.write(line + "\n")
+
+
+# -- state ---------------------------------------------------------------
+
+
+def _start_time(pid: int) -> str | None:
+    """Field 22 of /proc/PID/stat (start time): tells a pid's reuse apart."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        return None  # a zombie has finished: it only waits for the shim to reap it
+    return fields[19]
+
+
+class Container:
+    def __init__(self, root: str, cid: str) -> None:
+        if not cid or "/" in cid or cid in (".", ".."):
+            raise RuntimeError_(f"invalid container id {cid!r}")
+        self.id = cid
+        self.dir = os.path.join(root, cid)
+        self.state_file = os.path.join(self.dir, "state.json")
+        self.fifo = os.path.join(self.dir, "exec.fifo")
+
+    def exists(self) -> bool:
+        return os.path.isfile(self.state_file)
+
+    def load(self) -> dict:
+        try:
+            with open(self.state_file) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            raise RuntimeError_(f"container {self.id} does not exist") from None
+
+    def save(self, state: dict) -> None:
+        tmp = self.state_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(state, f)
+        os.replace(tmp, self.state_file)
+
+    def alive(self, state: dict) -> bool:
+        pid = state.get("pid") or 0
+        return pid > 0 and _start_time(pid) == state.get("start_time")
+
+    def status(self, state: dict) -> str:
+        if not self.alive(state):
+            return "stopped"
+        return "created" if os.path.exists(self.fifo) else "running"
+
+
+# -- create ----------------------------------------------------------------
+
+
+def _send_console(sock_path: str) -> int:
+    """A new pty: its master goes to the console socket; the slave fd back."""
+    master, slave = os.openpty()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(sock_path)
+            fds = array.array("i", [master])
+            sock.sendmsg([b"/dev/ptmx"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+    finally:
+        os.close(master)
+    return slave
+
+
+def pyvmm_argv(kernel: Unikernel, tap: str | None, mac: str | None) -> list[str]:
+    argv = [sys.executable, "-m", "pyvmm"]
+    if kernel.mem_mib is not None:
+        argv.append(f"--mem={kernel.mem_mib}")
+    if tap is not None:
+        name = kernel.net_devices[0]
+        argv += [f"--net:{name}={tap}", f"--net-mac:{name}={mac}"]
+    for name, path in sorted(kernel.blocks.items()):
+        argv.append(f"--block:{name}={path}")
+    return [*argv, "--", kernel.path, *kernel.args]
+
+
+def _child(fifo: str, argv: list[str], console: int | None, new_netns: bool) -> None:
+    """The container's process until start: never returns."""
+    try:
+        os.setsid()
+        if console is not None:
+            import fcntl
+            import termios
+
+            for fd in (0, 1, 2):
+                os.dup2(console, fd)
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        if new_netns:
+            from pyvmm.oci.network import unshare_netns
+
+            unshare_netns()
+        # Blocks until start opens the FIFO for reading.
+        fd = os.open(fifo, os.O_WRONLY | os.O_CLOEXEC)
+        os.write(fd, b"0")
+        os.close(fd)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.execv(argv[0], argv)
+    except BaseException as err:
+        with contextlib.suppress(BaseException):
+            os.write(2, f"pyvmm-oci: cannot start the unikernel: {err}\n".encode())
+        os._exit(127)
+
+
+def create(root: str, args: argparse.Namespace) -> None:
+    from pyvmm.oci import network
+
+    bundle = os.path.abspath(args.bundle)
+    container = Container(root, args.id)
+    if os.path.exists(container.dir):
+        raise RuntimeError_(f"container {args.id} already exists")
+    try:
+        config = load_config(bundle)
+        kernel = read_bundle(bundle, config)
+    except BundleError as err:
+        raise RuntimeError_(str(err)) from err
+    os.makedirs(container.dir, mode=0o711)
+    state: dict = {
+        "id": args.id,
+        "pid": 0,
+        "bundle": bundle,
+        "rootfs": rootfs_of(bundle, config),
+        "created": datetime.now(UTC).isoformat(),
+        "annotations": kernel.annotations,
+        "netns": kernel.netns,
+        "link": None,
+    }
+    container.save(state)
+    console = None
+    try:
+        tap = mac = None
+        if kernel.net_devices:
+            try:
+                link = network.setup(kernel.netns, args.id)
+            except (network.NetworkError, OSError) as err:
+                raise RuntimeError_(f"container network: {err}") from err
+            state["link"] = link.__dict__
+            container.save(state)
+            tap, mac = link.tap, link.mac
+            template = kernel.annotations.get(NET_ARGS)
+            if template:
+                kernel.args = net_args(template, link.values()) + kernel.args
+        argv = pyvmm_argv(kernel, tap, mac)
+        os.mkfifo(container.fifo, 0o600)
+        if args.console_socket:
+            console = _send_console(args.console_socket)
+        enter = network.inside(kernel.netns) if kernel.netns else contextlib.nullcontext()
+        with enter:  # the child is born in the container's network namespace
+            pid = os.fork()
+            if pid == 0:
+                _child(container.fifo, argv, console, kernel.new_netns)
+        state["pid"] = pid
+        state["start_time"] = _start_time(pid)
+        state["argv"] = argv
+        container.save(state)
+        if args.pid_file:
+            tmp = args.pid_file + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(str(pid))
+            os.replace(tmp, args.pid_file)
+    except BaseException:
+        _remove(container, state, kill=True)
+        raise
+    finally:
+        if console is not None:
+            os.close(console)
+
+
+# -- the other commands ----------------------------------------------------
+
+
+def start(root: str, args: argparse.Namespace) -> None:
+    container = Container(root, args.id)
+    state = container.load()
+    status = container.status(state)
+    if status != "created":
+        raise RuntimeError_(f"cannot start a container that is {status}")
+    fd = os.open(container.fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            ready, _, _ = select.select([fd], [], [], 0.05)
+            if ready and os.read(fd, 1):
+                break
+            if not container.alive(state):
+                raise RuntimeError_("the container's process ended before it started")
+            if time.monotonic() > deadline:
+                raise RuntimeError_("the container's process did not take the start signal")
+    finally:
+        os.close(fd)
+    os.unlink(container.fifo)
+
+
+def state_cmd(root: str, args: argparse.Namespace) -> None:
+    container = Container(root, args.id)
+    state = container.load()
+    status = container.status(state)
+    out = {
+        "ociVersion": OCI_VERSION,
+        "id": state["id"],
+        "pid": state["pid"] if status != "stopped" else 0,
+        "status": status,
+        "bundle": state["bundle"],
+        "rootfs": state["rootfs"],
+        "created": state["created"],
+        "owner": "",
+        "annotations": state.get("annotations") or {},
+    }
+    print(json.dumps(out, indent=2))
+
+
+def parse_signal(text: str) -> int:
+    if text.isdecimal():
+        return int(text)
+    name = text.upper()
+    name = name if name.startswith("SIG") else "SIG" + name
+    try:
+        return int(signal.Signals[name])
+    except KeyError:
+        raise RuntimeError_(f"unknown signal {text!r}") from None
+
+
+def kill(root: str, args: argparse.Namespace) -> None:
+    container = Container(root, args.id)
+    state = container.load()
+    signum = parse_signal(args.signal)
+    if not container.alive(state):
+        raise RuntimeError_("container not running")
+    try:
+        os.kill(state["pid"], signum)
+    except ProcessLookupError:
+        raise RuntimeError_("container not running") from None
+
+
+def _remove(container: Container, state: dict, kill: bool) -> None:
+    from pyvmm.oci import network
+
+    if kill and container.alive(state):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(state["pid"], signal.SIGKILL)
+    if state.get("link") and state.get("netns"):
+        with contextlib.suppress(Exception):
+            network.teardown(state["netns"], state["link"])
+    shutil.rmtree(container.dir, ignore_errors=True)
+
+
+def delete(root: str, args: argparse.Namespace) -> None:
+    container = Container(root, args.id)
+    if not container.exists():
+        if os.path.isdir(container.dir):  # a create that died half-way
+            shutil.rmtree(container.dir, ignore_errors=True)
+            return
+        raise RuntimeError_(f"container {args.id} does not exist")
+    state = container.load()
+    status = container.status(state)
+    if status == "running" and not args.force:
+        raise RuntimeError_("cannot delete a running container (use --force)")
+    _remove(container, state, kill=True)
+
+
+def ps(root: str, args: argparse.Namespace) -> None:
+    container = Container(root, args.id)
+    state = container.load()
+    pids = [state["pid"]] if container.alive(state) else []
+    print(json.dumps(pids) if args.format == "json" else "\n".join(map(str, ["PID", *pids])))
+
+
+def unsupported(what: str):
+    def refuse(root: str, args: argparse.Namespace) -> None:
+        raise RuntimeError_(f"{what} is not supported by pyvmm-oci (a unikernel is one process)")
+
+    return refuse
+
+
+def features(root: str, args: argparse.Namespace) -> None:
+    print(
+        json.dumps(
+            {
+                "ociVersionMin": "1.0.0",
+                "ociVersionMax": OCI_VERSION,
+                "annotations": {"org.pyvmm.runtime": "pyvmm-oci"},
+            }
+        )
+    )
+
+
+# -- command line -----------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pyvmm-oci", description="runc-compatible OCI runtime for pyvmm"
+    )
+    p.add_argument("--root", default=DEFAULT_ROOT)
+    p.add_argument("--log")
+    p.add_argument("--log-format", default="text", choices=("text", "json"))
+    p.add_argument("--debug", action="store_true")
+    p.add_argument("--systemd-cgroup", action="store_true")
+    p.add_argument("--rootless", default="auto")
+    p.add_argument("--criu")
+    p.add_argument("-v", "--version", action="store_true")
+    sub = p.add_subparsers(dest="command")
+
+    c = sub.add_parser("create")
+    c.add_argument("--bundle", "-b", default=".")
+    c.add_argument("--pid-file")
+    c.add_argument("--console-socket")
+    c.add_argument("--no-pivot", action="store_true")
+    c.add_argument("--no-new-keyring", action="store_true")
+    c.add_argument("--preserve-fds", type=int, default=0)
+    c.add_argument("id")
+    c.set_defaults(run=create)
+    for name, func in (("start", start), ("state", state_cmd)):
+        s = sub.add_parser(name)
+        s.add_argument("id")
+        s.set_defaults(run=func)
+    k = sub.add_parser("kill")
+    k.add_argument("--all", "-a", action="store_true")
+    k.add_argument("id")
+    k.add_argument("signal", nargs="?", default="SIGTERM")
+    k.set_defaults(run=kill)
+    d = sub.add_parser("delete")
+    d.add_argument("--force", "-f", action="store_true")
+    d.add_argument("id")
+    d.set_defaults(run=delete)
+    s = sub.add_parser("ps")
+    s.add_argument("--format", "-f", default="table")
+    s.add_argument("id")
+    s.add_argument("ps_args", nargs="*")
+    s.set_defaults(run=ps)
+    f = sub.add_parser("features")
+    f.set_defaults(run=features)
+    for name in ("exec", "pause", "resume", "checkpoint", "restore", "update", "events", "run"):
+        u = sub.add_parser(name)
+        u.add_argument("rest", nargs=argparse.REMAINDER)
+        u.set_defaults(run=unsupported(name))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    trace = os.environ.get("PYVMM_OCI_TRACE")
+    if trace:
+        with contextlib.suppress(OSError), open(trace, "a") as f:
+            f.write(f"{time.time():.3f} {os.getpid()} {json.dumps(argv)}\n")
+    args = parser().parse_args(argv)
+    if args.version:
+        print(f"pyvmm-oci version {VERSION}\nspec: {OCI_VERSION}")
+        return 0
+    if args.command is None:
+        parser().print_usage(sys.stderr)
+        return 2
+    log = Log(args.log, args.log_format)
+    try:
+        os.makedirs(args.root, mode=0o711, exist_ok=True)
+        args.run(args.root, args)
+    except (RuntimeError_, OSError) as err:
+        msg = str(err)
+        log.write("error", msg)
+        print(f"pyvmm-oci: {msg}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,352 @@
+"""pyvmm-oci under the real containerd (docs/orchestration.md).
+
+A private containerd (its own --root, --state, socket and config, the CRI
+plugin off) runs for this module; images packed by ``pyvmm.oci.image`` are
+imported with ``ctr image import`` and run with ``ctr run --runc-binary
+pyvmm-oci`` through the standard io.containerd.runc.v2 shim. The network
+test prepares two namespaces as CNI would (a veth pair, the pod's end with
+an address and a default route) and pings the unikernel from the other
+end; no frame touches the host's namespace. Teardown (also on failure):
+tasks and containers deleted, containerd stopped, any shim or guest still
+alive under the private directories killed by pid, their mounts detached,
+the directories removed; the namespaces go with ``NetNamespace``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import guest, need_tool
+from pyvmm.oci import image as oci_image
+from testkit.netns import NetNamespace
+
+pytestmark = pytest.mark.kvm
+
+CTR_TIMEOUT = 60
+IMAGES = {  # name: (kernel, default args, net-args template)
+    "hello": ("hello", [], None),
+    "args": ("args", ["3", "default"], None),
+    "spin": ("spin", [], None),
+    "ping": ("ping", [], "{ip}"),
+}
+MNT_DETACH = 2
+
+
+def runtime_binary() -> str:
+    """pyvmm-oci as installed next to this Python (pip's script), else on PATH."""
+    beside = Path(sys.executable).with_name("pyvmm-oci")
+    if beside.exists():
+        return str(beside)
+    return need_tool("pyvmm-oci")
+
+
+def _pids_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdecimal() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def _mounts_under(path: str) -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f]
+    return sorted((p for p in points if p.startswith(path + "/")), key=len, reverse=True)
+
+
+class Containerd:
+    """containerd on private directories; ``ctr`` against it."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="pyvmm-oci-")
+        self.address = os.path.join(self.dir, "containerd.sock")
+        self.runc_root = os.path.join(self.dir, "runc")
+        self.trace = os.path.join(self.dir, "trace.log")
+        self.runtime = runtime_binary()
+        self.proc: subprocess.Popen | None = None
+        self.log = None
+
+    def start(self) -> None:
+        config = os.path.join(self.dir, "config.toml")
+        disabled = [
+            "io.containerd.grpc.v1.cri",
+            "io.containerd.internal.v1.tracing",
+            "io.containerd.snapshotter.v1.aufs",
+            "io.containerd.snapshotter.v1.btrfs",
+            "io.containerd.snapshotter.v1.zfs",
+            "io.containerd.snapshotter.v1.devmapper",
+        ]
+        with open(config, "w") as f:
+            f.write(
+                "version = 2\n"
+                f'root = "{self.dir}/root"\nstate = "{self.dir}/state"\n'
+                f"disabled_plugins = {json.dumps(disabled)}\n"
+                f'[grpc]\n  address = "{self.address}"\n'
+                f'[ttrpc]\n  address = "{self.address}.ttrpc"\n'
+                '[debug]\n  address = ""\n'
+            )
+        self.log = open(os.path.join(self.dir, "containerd.log"), "w")  # noqa: SIM115
+        env = dict(os.environ, PYVMM_OCI_TRACE=self.trace)
+        self.proc = subprocess.Popen(
+            [need_tool("containerd"), "--config", config],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        while self.ctr("version", check=False).returncode != 0:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"containerd did not start: {self.containerd_log()}")
+            time.sleep(0.1)
+
+    def containerd_log(self) -> str:
+        with open(os.path.join(self.dir, "containerd.log")) as f:
+            return f.read()[-3000:]
+
+    def ctr_argv(self, *args: str) -> list[str]:
+        return [need_tool("ctr"), "--address", self.address, *args]
+
+    def ctr(self, *args: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            self.ctr_argv(*args), capture_output=True, text=True, timeout=CTR_TIMEOUT, **kwargs
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(f"ctr {' '.join(args)}: {done.returncode}: {done.stderr}")
+        return done
+
+    def run_argv(self, ref: str, cid: str, *args: str, options: tuple[str, ...] = ()) -> list[str]:
+        return self.ctr_argv(
+            "run",
+            "--rm",
+            "--runc-binary",
+            self.runtime,
+            "--runc-root",
+            self.runc_root,
+            *options,
+            ref,
+            cid,
+            *args,
+        )
+
+    def run(self, ref: str, cid: str, *args: str, options=()) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.run_argv(ref, cid, *args, options=options),
+            capture_output=True,
+            text=True,
+            timeout=CTR_TIMEOUT,
+        )
+
+    def containers(self) -> list[str]:
+        """What pyvmm-oci still keeps state for."""
+        path = os.path.join(self.runc_root, "default")
+        return sorted(os.listdir(path)) if os.path.isdir(path) else []
+
+    def stop(self) -> None:
+        """Everything goes, whatever state the tests left it in."""
+        errors = []
+        if self.proc is not None and self.proc.poll() is None:
+            for line in self.ctr("task", "ls", "-q", check=False).stdout.split():
+                self.ctr("task", "kill", "-s", "SIGKILL", line, check=False)
+                self.ctr("task", "delete", "-f", line, check=False)
+            for line in self.ctr("container", "ls", "-q", check=False).stdout.split():
+                self.ctr("container", "delete", line, check=False)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        # Shims and guests of this containerd: only they name its directory.
+        for pid in _pids_mentioning(self.dir):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                errors.append(f"pid {pid} was still running")
+        libc = ctypes.CDLL(None, use_errno=True)
+        for point in _mounts_under(self.dir):
+            libc.umount2(point.encode(), MNT_DETACH)
+        if self.log is not None:
+            self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return errors
+
+
+@pytest.fixture(scope="module")
+def containerd():
+    need_tool("containerd-shim-runc-v2")
+    ctd = Containerd()
+    try:
+        ctd.start()
+        for name, (kernel, args, net_args) in IMAGES.items():
+            archive = os.path.join(ctd.dir, f"{name}.tar")
+            oci_image.build(str(guest(kernel)), archive, args=args, net_args=net_args)
+            ctd.ctr("image", "import", archive)
+        yield ctd
+    finally:
+        leftovers = ctd.stop()
+    assert not os.path.exists(ctd.dir)
+    assert not leftovers, leftovers
+
+
+def ref(name: str) -> str:
+    return f"docker.io/pyvmm/{name}:latest"
+
+
+class Lines:
+    """A process's stdout, read on a thread, waited for line by line."""
+
+    def __init__(self, stream) -> None:
+        self.lines: list[str] = []
+        self.cond = threading.Condition()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            with self.cond:
+                self.lines.append(line.rstrip("\n"))
+                self.cond.notify_all()
+
+    def wait_for(self, prefix: str, timeout: float = 30) -> str:
+        with self.cond:
+            ok = self.cond.wait_for(
+                lambda: any(x.startswith(prefix) for x in self.lines), timeout=timeout
+            )
+            assert ok, f"no {prefix!r} line in {self.lines}"
+            return next(x for x in self.lines if x.startswith(prefix))
+
+
+def test_hello_prints_its_output_and_exits_0(containerd):
+    done = containerd.run(ref("hello"), "hello1")
+    assert done.returncode == 0, done.stderr
+    assert "Hello, world" in done.stdout
+    assert done.stdout.rstrip().endswith("SUCCESS")
+    assert containerd.containers() == []
+    with open(containerd.trace) as f:
+        commands = [json.loads(line.split(" ", 2)[2]) for line in f]
+    # What the shim called: create with the bundle and pid file, then start.
+    create = next(c for c in commands if "create" in c and c[-1] == "hello1")
+    assert "--bundle" in create and "--pid-file" in create and "--root" in create
+
+
+@pytest.mark.parametrize(
+    ("args", "cmdline", "status"), [((), "3 default", 3), (("7", "foo"), "7 foo", 7)]
+)
+def test_process_args_are_the_guest_args_and_its_status_the_exit_status(
+    containerd, args, cmdline, status
+):
+    done = containerd.run(ref("args"), f"args{status}", *args)
+    assert done.returncode == status, done.stderr
+    assert f"cmdline: {cmdline}" in done.stdout
+
+
+def test_ctr_task_kill_stops_a_running_unikernel(containerd):
+    proc = subprocess.Popen(
+        containerd.run_argv(ref("spin"), "spin1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        Lines(proc.stdout).wait_for("spinning")
+        tasks = containerd.ctr("task", "ls").stdout
+        assert "spin1" in tasks and "RUNNING" in tasks
+        # The task's pid is pyvmm, the process pyvmm-oci forked and wrote to the pid file.
+        pid = int(tasks.split("spin1", 1)[1].split()[0])
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            assert b"pyvmm" in f.read()
+        containerd.ctr("task", "kill", "spin1")
+        assert proc.wait(timeout=CTR_TIMEOUT) == 128 + signal.SIGTERM
+        assert "stopped by SIGTERM" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert containerd.containers() == []
+
+
+def test_an_image_without_a_unikernel_gets_one_line(containerd):
+    archive = os.path.join(containerd.dir, "notuk.tar")
+    # hello's image, but the annotation names the metadata file: not an ELF.
+    oci_image.build(
+        str(guest("hello")),
+        archive,
+        name=ref("notuk"),
+        annotations={"org.pyvmm.unikernel.binary": "/pyvmm-oci.json"},
+    )
+    containerd.ctr("image", "import", archive)
+    done = containerd.run(ref("notuk"), "notuk1")
+    assert done.returncode != 0
+    assert "not a unikernel image: /pyvmm-oci.json" in done.stderr, done.stderr
+    assert containerd.containers() == []
+
+
+@pytest.mark.netns
+def test_a_networked_unikernel_answers_ping_through_a_cni_style_veth(containerd):
+    with NetNamespace() as pod, NetNamespace() as peer:
+        # What a CNI plugin leaves: a veth pair, the pod's end eth0 with an
+        # address and a default route, the other end (here in a namespace of
+        # its own, standing in for the host's bridge) with the gateway.
+        with peer.iproute() as ipr:
+            ipr.link(
+                "add", ifname="veth0", kind="veth", peer={"ifname": "eth0", "net_ns_fd": pod.path}
+            )
+            index = ipr.link_lookup(ifname="veth0")[0]
+            ipr.addr("add", index=index, address="10.88.0.1", prefixlen=24)
+            ipr.link("set", index=index, state="up")
+        with pod.iproute() as ipr:
+            index = ipr.link_lookup(ifname="eth0")[0]
+            ipr.addr("add", index=index, address="10.88.0.2", prefixlen=24)
+            ipr.link("set", index=index, state="up")
+            ipr.route("add", dst="0.0.0.0/0", gateway="10.88.0.1")
+            mac = ipr.get_links(index)[0].get_attr("IFLA_ADDRESS")
+        proc = subprocess.Popen(
+            containerd.run_argv(ref("ping"), "ping1", options=("--with-ns", f"network:{pod.path}")),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            out = Lines(proc.stdout)
+            out.wait_for("ready")
+            assert out.wait_for("MAC:") == f"MAC: {mac}"
+            assert out.wait_for("IP:") == "IP: 10.88.0.2"
+            assert set(pod.links()) >= {"eth0"} and any(n.startswith("pvtap") for n in pod.links())
+            done = peer.run(
+                ["ping", "-c", "3", "-i", "0.2", "-W", "5", "10.88.0.2"],
+                capture_output=True,
+                text=True,
+            )
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert " 0% packet loss" in done.stdout
+            containerd.ctr("task", "kill", "ping1")
+            assert proc.wait(timeout=CTR_TIMEOUT) == 128 + signal.SIGTERM
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        # delete took the tap and the veth's redirect away.
+        assert sorted(pod.links()) == ["eth0", "lo"]
+        with pod.iproute() as ipr:
+            index = ipr.link_lookup(ifname="eth0")[0]
+            kinds = [q.get_attr("TCA_KIND") for q in ipr.get_qdiscs(index)]
+        assert "ingress" not in kinds
+    assert containerd.containers() == []
