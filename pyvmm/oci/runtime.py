@@ -424,6 +424,44 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+# -- Kubernetes pod sandboxes: runc's business --------------------------------
+
+RUNC_DIR = ".runc"
+SANDBOX_KEYS = ("io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType")
+
+
+def _is_sandbox(args: argparse.Namespace) -> bool:
+    """A pod's pause container (CRI marks it in the spec's annotations)."""
+    if args.command != "create":
+        return False
+    try:
+        annotations = load_config(os.path.abspath(args.bundle)).get("annotations") or {}
+    except BundleError:
+        return False
+    return any(annotations.get(key) == "sandbox" for key in SANDBOX_KEYS)
+
+
+def delegate(argv: list[str], args: argparse.Namespace) -> None:
+    """Run this command with runc, its state under ROOT/.runc: a pod's pause
+    container, and every later command about it, go to runc (as urunc does)."""
+    runc = shutil.which(os.environ.get("PYVMM_OCI_RUNC", "runc"))
+    if runc is None:
+        raise RuntimeError_("a pod sandbox container needs runc, which is not installed")
+    i = argv.index(args.command)
+    globals_, skip = [], False
+    for arg in argv[:i]:  # every global option but --root, which becomes ROOT/.runc
+        if not skip and not arg.startswith("--root"):
+            globals_.append(arg)
+        skip = arg == "--root"
+    globals_ = ["--root", os.path.join(args.root, RUNC_DIR), *globals_]
+    os.execv(runc, [runc, *globals_, *argv[i:]])
+
+
+def _delegated(args: argparse.Namespace) -> bool:
+    cid = getattr(args, "id", None)
+    return bool(cid) and os.path.isdir(os.path.join(args.root, RUNC_DIR, cid))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     trace = os.environ.get("PYVMM_OCI_TRACE")
@@ -440,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     log = Log(args.log, args.log_format)
     try:
         os.makedirs(args.root, mode=0o711, exist_ok=True)
+        if _is_sandbox(args) or _delegated(args):
+            delegate(argv, args)
         args.run(args.root, args)
     except (RuntimeError_, OSError) as err:
         msg = str(err)
