@@ -1,187 +1,872 @@
-"""Received packets per second and VM exits, every network mode side by side.
+"""Received packets per second and VM exits, every network path side by side.
 
-    python3 bench/pps.py [--seconds 5] [--size 1300] [--rate 0] [--pin]
+    python3 bench/pps.py [--seconds 5] [--repeat 3] [--size 1300] [--rate 0]
+                         [--modes off-py,off,poll,event,hybrid] [--pin]
                          [--guest PATH] [--cpl auto,0,deprivileged]
+                         [--ring-guest PATH] [--ring-modes poll,event,hybrid]
+                         [--peer NAME=PATH [--peer-guest PATH]]
+                         [--sender packet|udp] [--no-tx] [--no-latency]
+                         [--out PREFIX] [--quick]
 
-For each mode (--shm=off: one hypercall per frame, answered in C by the
-fast path; off-py: the same answered by Python, PYVMM_PY_HYPERCALLS=1;
-poll, event, hybrid: the shmstream IO thread) this boots the udpsink guest in a fresh network
-namespace with a tap, floods it from inside the namespace with UDP
-datagrams of --size payload bytes (C sendmmsg sender, testkit.traffic) for
---seconds, and reports what the guest itself received and checked (frames
-with a bad payload pattern count as errors), the VM exits KVM counted
-(KVM_GET_STATS_FD) and those that reached pyvmm, the host-side drops, and
-"lost %" is every datagram sent that the guest did not count (ring drops
-plus the tap's own queue overflowing, which is how --shm=off loses them),
-the CPU time of the vCPU thread and the IO thread (as % of the whole run,
-boot and idle timeout included). rx pps is the guest's own count over its
-first-to-last frame time; exit rates are over the sender's window. Nothing
-leaves the namespace, which is removed afterwards.
+Receive (the table everyone reads). For each row this boots a receiving
+guest in a fresh network namespace with a tap, floods it from inside the
+namespace with UDP datagrams of --size payload bytes for --seconds and
+counts at three places: what the sender offered (C sendmmsg sender,
+testkit.traffic; by default AF_PACKET frames written straight to the tap's
+transmit routine, --sender udp for UDP sockets through the host's stack),
+what the tap delivered to its reader and dropped (the tap's own tx_packets
+and tx_dropped, read over netlink inside the namespace: a UDP sender cannot
+see those drops) and what the guest itself received and checked (udpsink
+checks every payload byte; a frame with a bad pattern is an error). Rows:
 
---guest runs another receiving program with udpsink's arguments and output,
-for example udpsink.c built against Solo5's own bindings (no pyvmm note:
-it runs deprivileged on PVM hosts, at CPL 0 elsewhere; with the shm modes
-pyvmm's IO thread serves Solo5's ring instead of shmstream). --cpl repeats
-every mode at each listed privilege setting (docs/pvm.md).
+- pyvmm's modes with pyvmm's udpsink (--modes): `off` (one net_read
+  hypercall, one exit, per frame, answered in C), `off-py` (the same
+  answered by Python, PYVMM_PY_HYPERCALLS=1), `poll`, `event`, `hybrid`
+  (shmstream, the IO thread in that mode);
+- Solo5's ring path (--ring-guest: udpsink.c built against Solo5's own
+  bindings, which has no shmstream driver, so with a shm mode pyvmm's IO
+  thread serves it Solo5's ring I/O), rows `s5ring-MODE` (--ring-modes);
+- other tenders (--peer NAME=PATH, e.g. solo5-hvt=/path/to/solo5-hvt),
+  run as `PATH --mem=512 --net:service0=tap100 --net-mac:service0=MAC --
+  GUEST ARGS` with --peer-guest or pyvmm's udpsink.hvt (which runs on a
+  stock solo5-hvt); a peer has no counters, so its row gives what the guest
+  and the tap say and the process's CPU time from /proc.
+
+Each row runs --repeat times (all rows once, then again: drift spreads over
+every row alike); the table gives the median and, for received pps, the
+spread (max - min over the median). Columns: offered pps (sender), tap
+pps (frames the tap handed to the tender) and tap drop/s, rx pps (the
+guest's own count over its first-to-last frame), frames and errors (pattern
+errors the guest found), KVM exits/s (KVM_GET_STATS_FD) and to pyvmm/s,
+exits/1k fr (KVM exits per 1000 received frames), ring drops (shmstream's
+full-ring and bad-index drops), lost % (datagrams offered that the guest
+did not count: refused, tap drops, ring drops), CPU % of the vCPU thread,
+the IO thread and the sender, over the traffic window (pyvmm's from its
+interval JSON counters, a peer's and the sender's from the kernel).
+
+Transmit (--no-tx to skip): the udpsend guest sends --tx-count datagrams as
+fast as it can to a C receiver in the namespace (testkit.traffic --recv);
+rows give what the guest sent per second, what the tap took from the
+tender, what the host socket received, exits and CPU.
+
+Latency (--no-latency to skip): udpecho answers --lat-count request/response
+round trips of 64 bytes, one outstanding, one every --lat-interval-us (low
+load), timed by the C client; median, p99, max, and the IO thread's CPU
+while doing it (hybrid's point: poll's latency at event's idle cost).
+
+Every raw number goes to PREFIX.json, the chart to PREFIX.png (matplotlib;
+without it, the JSON only). Nothing leaves the namespaces, which are removed
+afterwards, also on failure. --quick: short runs of every part, one repeat,
+well under a minute.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import re
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from testkit.helpers import STATS, parse_stats  # noqa: E402
+from testkit.helpers import STATS_SCHEMA, guest_report  # noqa: E402
 from testkit.netns import NetNamespace  # noqa: E402
 
-GUEST = ROOT / "guests" / "bin" / "udpsink.hvt"
+GUESTS = ROOT / "guests" / "bin"
+GUEST = GUESTS / "udpsink.hvt"
 GUEST_IP, HOST_IP, PORT = "10.0.0.2", "10.0.0.1", 5000
 GUEST_MAC = "02:00:00:00:00:02"
 MODES = ("off-py", "off", "poll", "event", "hybrid")
+SHM_MODES = ("poll", "event", "hybrid")
+SOLO5_RING_GUEST = Path("/var/cache/pyvmm-solo5/bin/udpsink-solo5.hvt")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+SNAPSHOT_INTERVAL = "100ms"
 
 
-def run_mode(mode: str, cpl: str, args) -> dict:
-    with NetNamespace() as ns:
+# -- one run of one row -----------------------------------------------------------
+
+
+class Tender:
+    """A tender (pyvmm or a peer) running a guest inside a namespace."""
+
+    def __init__(self, ns: NetNamespace, case: dict, guest_args: list[str], args, tmp: str):
+        self.case, self.ns = case, ns
+        self.stats_path = Path(tmp) / "stats.jsonl"
+        self.err_path = Path(tmp) / "stderr"
+        guest = str(case["guest"])
+        env = None
+        if case["tender"] == "pyvmm":
+            shm = case["shm"]
+            argv = [
+                sys.executable,
+                "-m",
+                "pyvmm",
+                f"--stats={SNAPSHOT_INTERVAL}",
+                f"--stats-json={self.stats_path}",
+                f"--cpl={case['cpl']}",
+                f"--shm={shm}",
+                "--net:service0=tap100",
+                f"--net-mac:service0={GUEST_MAC}",
+            ]
+            if args.pin:
+                argv += ["--pin", "vcpu=0,io=1" if shm != "off" else "vcpu=0"]
+            if args.slots and shm != "off":
+                argv += [f"--shm-slots={args.slots}"]
+            if args.budget and shm == "hybrid":
+                argv += [f"--hybrid-budget={args.budget}"]
+            if case.get("py"):
+                env = dict(os.environ, PYVMM_PY_HYPERCALLS="1")
+            argv += [guest, *guest_args]
+        else:
+            argv = [
+                case["path"],
+                "--mem=512",
+                "--net:service0=tap100",
+                f"--net-mac:service0={GUEST_MAC}",
+                "--",
+                guest,
+                *guest_args,
+            ]
+        self.err = open(self.err_path, "w")  # noqa: SIM115 (closed in finish)
+        self.proc = ns.popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=self.err,
+            text=True,
+            env=env,
+            preexec_fn=niced(args.nice),
+        )
+        self.head = ""
+        for line in self.proc.stdout:
+            self.head += line
+            if line.startswith("ready"):
+                return
+        self.proc.wait(timeout=30)
+        raise RuntimeError(f"{case['label']}: ended before ready: {self.head}{self.stderr()}")
+
+    def stderr(self) -> str:
+        """The tender's stderr without pyvmm's live rate lines."""
+        self.err.flush()
+        text = self.err_path.read_text(errors="replace")
+        return "".join(ln for ln in text.splitlines(True) if not ln.startswith("pyvmm: t="))
+
+    def snapshot(self, newer_than: float = -1.0, timeout: float = 2.0) -> dict | None:
+        """pyvmm: the newest interval snapshot (one newer than ``newer_than``
+        seconds of guest time, waiting for it up to ``timeout``)."""
+        if self.case["tender"] != "pyvmm":
+            return None
+        deadline = time.monotonic() + timeout
+        while True:
+            last = None
+            with contextlib.suppress(FileNotFoundError):
+                for line in self.stats_path.read_text().splitlines():
+                    if STATS_SCHEMA in line:
+                        with contextlib.suppress(ValueError):
+                            last = json.loads(line)
+            if last and last["seconds"] > newer_than:
+                return last
+            if time.monotonic() > deadline:
+                return last
+            time.sleep(0.02)
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds of the tender's process, per thread (by /proc)."""
+        out = {}
+        task = f"/proc/{self.proc.pid}/task"
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(task):
+                with contextlib.suppress(OSError), open(f"{task}/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                    out[tid] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+        return out
+
+    def finish(self, timeout: float) -> tuple[str, str, bool]:
+        """Wait for the guest's end (stop it after ``timeout``); its stdout,
+        the tender's stderr, and whether it ended by itself."""
+        ended = True
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            ended = False
+            self.proc.terminate()
+            try:
+                out, _ = self.proc.communicate(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                out, _ = self.proc.communicate()
+        err = self.stderr()
+        self.err.close()
+        return self.head + (out or ""), err, ended
+
+    def final_stats(self) -> dict | None:
+        if self.case["tender"] != "pyvmm":
+            return None
+        lines = [ln for ln in self.stats_path.read_text().splitlines() if STATS_SCHEMA in ln]
+        return json.loads(lines[-1]) if lines else None
+
+
+def niced(value: int):
+    """A preexec_fn that changes the child's nice value by ``value``."""
+    return (lambda: os.nice(value)) if value else None
+
+
+def namespace_with_tap() -> NetNamespace:
+    ns = NetNamespace()
+    ns.create()
+    try:
         ns.add_tap("tap100", address=f"{HOST_IP}/24")
         # A static neighbour entry: the flood starts at once, no ARP.
         ns.run(
             ["ip", "neigh", "replace", GUEST_IP, "lladdr", GUEST_MAC, "dev", "tap100"], check=True
         )
-        shm = "off" if mode.startswith("off") else mode
-        env = dict(os.environ, PYVMM_PY_HYPERCALLS="1") if mode == "off-py" else None
-        argv = [
-            STATS,
-            f"--cpl={cpl}",
-            f"--shm={shm}",
-            "--net:service0=tap100",
-            f"--net-mac:service0={GUEST_MAC}",
-        ]
-        if args.pin:
-            argv += ["--pin", "vcpu=0,io=1" if shm != "off" else "vcpu=0"]
-        if args.slots and shm != "off":
-            argv += [f"--shm-slots={args.slots}"]
-        if args.budget and shm == "hybrid":
-            argv += [f"--hybrid-budget={args.budget}"]
-        argv += [str(args.guest), GUEST_IP, str(PORT), "0", str(args.idle_ms)]
-        try:
-            vm, head = ns.start_pyvmm(*argv, cwd=ROOT, env=env)
-        except RuntimeError as err:
-            raise SystemExit(f"{mode}: {err}") from None
-        sender = [
-            sys.executable,
-            "-m",
-            "testkit.traffic",
-            GUEST_IP,
-            str(PORT),
-            "--seconds",
-            str(args.seconds),
-            "--size",
-            str(args.size),
-            "--rate",
-            str(args.rate),
-        ]
-        if args.pin:
-            sender = ["taskset", "-c", "1" if shm == "off" else "0"] + sender
-        sent = json.loads(ns.run(sender, capture_output=True, text=True, check=True).stdout)
-        out, err = vm.communicate(timeout=args.seconds + 60)
-        out = head + out
-    if vm.returncode != 0:
-        raise SystemExit(f"{mode}: udpsink failed ({vm.returncode}): {out}{err}")
-    guest = dict(re.findall(r"^(\w+): (\S+)$", out, re.M))
-    stats = parse_stats(err)
-    label = mode if cpl == "auto" else f"{mode}/{cpl}"
-    return {"mode": label, "sent": sent, "guest": guest, "stats": stats}
+    except BaseException:
+        ns.close()
+        raise
+    return ns
 
 
-def summarize(r: dict) -> dict:
-    guest, stats, sent = r["guest"], r["stats"], r["sent"]
-    frames = int(guest["frames"])
-    elapsed = max(int(guest["elapsed_us"]), 1) / 1e6
-    # Rates over the traffic window (the sender's), not the whole run,
-    # which also holds boot and the guest's idle timeout.
-    window = max(sent["elapsed_s"], 1e-6)
-    seconds = stats["seconds"]
-    kvm_exits = stats.get("kvm", {}).get("exits", 0)
-    to_pyvmm = sum(stats["exits_to_pyvmm"].values())
-    shm = stats.get("shmstream")
+def tap_mac(ns: NetNamespace) -> str:
+    with ns.iproute() as ipr:
+        return ipr.get_links(ifname="tap100")[0].get("address")
+
+
+def sender_argv(args, shm: str, seconds: float) -> list[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "testkit.traffic",
+        GUEST_IP,
+        str(PORT),
+        "--seconds",
+        str(seconds),
+        "--size",
+        str(args.size),
+        "--rate",
+        str(args.rate),
+        "--batch",
+        str(args.batch),
+        "--sndbuf",
+        str(args.sndbuf),
+    ]
+    if args.sender == "packet":
+        argv += ["--packet", "tap100", "--qdisc", "--src-ip", HOST_IP, "--dst-mac", GUEST_MAC]
+    else:
+        argv += ["--sockets", str(args.sockets)]
+    if args.sender_cpu >= 0:
+        argv += ["--cpu", str(args.sender_cpu)]
+    elif args.pin:
+        argv += ["--cpu", "1" if shm == "off" else "0"]
+    return argv
+
+
+def window_counters(a: dict | None, b: dict | None) -> dict:
+    """pyvmm's counters between two snapshots: exits, CPU, drops."""
+    if not a or not b:
+        return {}
+    dt = max(b["seconds"] - a["seconds"], 1e-6)
+
+    def delta(path: tuple) -> float:
+        x, y = a, b
+        for key in path:
+            x, y = (x or {}).get(key), (y or {}).get(key)
+        return (y or 0) - (x or 0)
+
+    out = {
+        "seconds": dt,
+        "kvm_exits": delta(("kvm", "exits")),
+        "to_pyvmm": sum(b["exits_to_pyvmm"].values()) - sum(a["exits_to_pyvmm"].values()),
+        "vcpu_cpu": delta(("vcpu_thread_cpu_ns",)) / 1e9 / dt * 100,
+        "io_cpu": 0.0,
+    }
+    for service in ("shmstream", "solo5_ring"):
+        if b.get(service):
+            out["io_cpu"] = delta((service, "thread", "cpu_ns")) / 1e9 / dt * 100
+            out["wakeups"] = delta((service, "thread", "wakeups"))
+            out["kicks"] = delta((service, "thread", "kicks"))
+    return out
+
+
+def ring_drops(stats: dict | None) -> int:
     drops = 0
-    io_cpu = 0.0
+    shm = (stats or {}).get("shmstream")
     if shm:
         for dev in shm["devices"].values():
             drops += dev["rx_drops_full"] + dev["rx_drops_oversize"] + dev["rx_bad_index"]
-        io_cpu = shm["thread"]["cpu_ns"] / 1e9 / seconds * 100
+    ring = (stats or {}).get("solo5_ring")
+    if ring:
+        drops += ring["ring"]["read_drops_oversize"] + ring["ring"]["bad_entries"]
+    return drops
+
+
+def run_rx(case: dict, args) -> dict:
+    guest_args = [GUEST_IP, str(PORT), "0", str(args.idle_ms)]
+    with tempfile.TemporaryDirectory(prefix="pyvmm-pps-") as tmp:
+        ns = namespace_with_tap()
+        try:
+            vm = Tender(ns, case, guest_args, args, tmp)
+            a = vm.snapshot()
+            cpu_a, tap_a = vm.cpu(), ns.link("tap100")["stats"]
+            sent_run = ns.run(
+                sender_argv(args, case.get("shm", "off"), args.seconds),
+                capture_output=True,
+                text=True,
+                timeout=args.seconds + 60,
+                preexec_fn=niced(args.sender_nice if args.sender_nice is not None else args.nice),
+            )
+            if sent_run.returncode != 0:
+                raise RuntimeError(f"sender failed: {sent_run.stderr}")
+            sent = json.loads(sent_run.stdout)
+            time.sleep(0.1)  # the tender drains what the tap still holds
+            cpu_b, tap_b = vm.cpu(), ns.link("tap100")["stats"]
+            b = vm.snapshot(newer_than=(a or {}).get("seconds", 0) + args.seconds)
+            # A peer tender may be far slower than the flood: give it time to
+            # finish, then stop it (its guest's report is then lost).
+            out, err, ended = vm.finish(timeout=args.idle_ms / 1000 + args.seconds + 20)
+            stats = vm.final_stats()
+        finally:
+            ns.close()
+    if ended and vm.proc.returncode != 0:
+        raise RuntimeError(f"{case['label']}: guest failed ({vm.proc.returncode}): {out}{err}")
     return {
-        "mode": r["mode"],
-        "offered": sent["pps"],
-        "received": frames / elapsed,
+        "case": case_json(case),
+        "sent": sent,
+        "tap": {k: tap_b[k] - tap_a[k] for k in tap_b},
+        "guest": guest_report(out) if ended else {},
+        "guest_ended": ended,
+        "window": window_counters(a, b),
+        "tender_cpu_s": {t: cpu_b.get(t, 0) - cpu_a.get(t, 0) for t in cpu_b},
+        "stats": stats,
+    }
+
+
+def summarize_rx(r: dict) -> dict:
+    sent, tap, guest, w = r["sent"], r["tap"], r["guest"], r["window"]
+    window = max(sent["elapsed_s"], 1e-6)
+    offered = sent["sent"] + sent["refused"]
+    delivered = tap["tx_packets"]
+    if guest:
+        frames = int(guest["frames"])
+        received = frames / max(int(guest["elapsed_us"]), 1) * 1e6
+        errors = int(guest["pattern_errors"])
+    else:  # a stopped peer: what the tap handed it is what its guest read
+        frames, received, errors = delivered, delivered / window, 0
+    s = {
+        "mode": r["case"]["label"],
+        "offered": offered / window,
+        "tap_pps": delivered / window,
+        "tap_drops": tap["tx_dropped"] / window,
+        "received": received,
         "frames": frames,
-        "errors": int(guest["pattern_errors"]),
-        "kvm_exits_s": kvm_exits / window,
-        "to_pyvmm_s": to_pyvmm / window,
-        "exits_per_kframe": kvm_exits / max(frames, 1) * 1000,
-        "kvm_exits": kvm_exits,
-        "drops": drops,
-        "lost": 100 * (1 - frames / max(sent["sent"], 1)),
-        "vcpu_cpu": stats["vcpu_thread_cpu_ns"] / 1e9 / seconds * 100,
-        "window": window,
-        "io_cpu": io_cpu,
+        "errors": errors,
+        "ring_drops": ring_drops(r["stats"]),
+        "lost": 100 * (1 - frames / max(offered, 1)),
+        "sender_cpu": sent["cpu_s"] / window * 100,
+    }
+    if w:
+        s.update(
+            kvm_exits_s=w["kvm_exits"] / w["seconds"],
+            to_pyvmm_s=w["to_pyvmm"] / w["seconds"],
+            exits_per_kframe=w["kvm_exits"] / max(frames, 1) * 1000,
+            vcpu_cpu=w["vcpu_cpu"],
+            io_cpu=w["io_cpu"],
+        )
+    else:
+        cpu = sum(r["tender_cpu_s"].values())
+        s.update(vcpu_cpu=cpu / (window + 0.1) * 100)
+    return s
+
+
+# -- transmit -----------------------------------------------------------------------
+
+
+def run_tx(case: dict, args) -> dict:
+    count = args.tx_count if case.get("shm") not in ("off", None) else args.tx_count // 10
+    if case["tender"] == "peer":
+        count = max(args.tx_count // args.peer_scale, 100)
+    with tempfile.TemporaryDirectory(prefix="pyvmm-pps-") as tmp:
+        ns = namespace_with_tap()
+        try:
+            mac = tap_mac(ns)
+            recv = ns.popen(
+                [sys.executable, "-m", "testkit.traffic", "--recv", HOST_IP, str(PORT + 1)]
+                + ["--idle-ms", "1500", "--seconds", str(args.tx_timeout)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                preexec_fn=niced(args.nice),
+            )
+            if recv.stderr.readline().strip() != "ready":
+                raise RuntimeError(f"receiver failed: {recv.communicate()}")
+            guest_args = [GUEST_IP, HOST_IP, mac, str(PORT + 1), str(count), str(args.size)]
+            case = dict(case, guest=case["tx_guest"])
+            tap_a = ns.link("tap100")["stats"]
+            vm = Tender(ns, case, guest_args, args, tmp)
+            a = vm.snapshot()
+            t0 = time.monotonic()
+            out, err, ended = vm.finish(timeout=args.tx_timeout)
+            elapsed = time.monotonic() - t0
+            stats = vm.final_stats()
+            tap_b = ns.link("tap100")["stats"]
+            got, rerr = recv.communicate(timeout=args.tx_timeout + 10)
+        finally:
+            ns.close()
+    if ended and vm.proc.returncode != 0:
+        raise RuntimeError(f"{case['label']}: udpsend failed ({vm.proc.returncode}): {out}{err}")
+    return {
+        "case": case_json(case),
+        "count": count,
+        "guest": guest_report(out) if ended else {},
+        "tap": {k: tap_b[k] - tap_a[k] for k in tap_b},
+        "host": json.loads(got) if got.strip() else {},
+        "window": window_counters(a, stats),
+        "wall_s": elapsed,
+        "stats": stats,
+    }
+
+
+def summarize_tx(r: dict) -> dict:
+    guest, host, w, tap = r["guest"], r["host"], r["window"], r["tap"]
+    sent = int(guest.get("sent", 0))
+    secs = max(int(guest.get("elapsed_us", 0)), 1) / 1e6 if guest else r["wall_s"]
+    hsecs = max(host.get("elapsed_s", 0), 1e-6)
+    s = {
+        "mode": r["case"]["label"],
+        "guest_pps": sent / secs if guest else 0.0,
+        "tap_pps": tap["rx_packets"] / secs,
+        "tap_drops": tap["rx_dropped"],
+        "host_pps": host.get("received", 0) / hsecs,
+        "host_received": host.get("received", 0),
+        "sent": sent,
+        "errors": host.get("pattern_errors", 0),
+        "lost": 100 * (1 - host.get("received", 0) / max(sent, 1)) if guest else None,
+    }
+    if w:
+        s.update(
+            kvm_exits_s=w["kvm_exits"] / w["seconds"],
+            exits_per_kframe=w["kvm_exits"] / max(sent, 1) * 1000,
+            vcpu_cpu=w["vcpu_cpu"],
+            io_cpu=w["io_cpu"],
+        )
+    return s
+
+
+# -- latency --------------------------------------------------------------------------
+
+
+def run_latency(case: dict, args) -> dict:
+    with tempfile.TemporaryDirectory(prefix="pyvmm-pps-") as tmp:
+        ns = namespace_with_tap()
+        try:
+            case = dict(case, guest=case["lat_guest"])
+            vm = Tender(ns, case, [GUEST_IP, str(PORT)], args, tmp)
+            a = vm.snapshot()
+            cpu_a = vm.cpu()
+            n = args.lat_count
+            if case["tender"] == "peer":
+                n = max(n // args.peer_scale, 20)
+            done = ns.run(
+                [sys.executable, "-m", "testkit.traffic", "--rtt", str(n)]
+                + [GUEST_IP, str(PORT), "--size", "64"]
+                + ["--interval-us", str(args.lat_interval_us)],
+                capture_output=True,
+                text=True,
+                timeout=n * (args.lat_interval_us / 1e6 + 0.2) + 60,
+                preexec_fn=niced(args.nice),
+            )
+            cpu_b = vm.cpu()
+            b = vm.snapshot(newer_than=(a or {}).get("seconds", 0) + 0.05)
+            vm.finish(timeout=0.1)
+        finally:
+            ns.close()
+    if done.returncode != 0:
+        raise RuntimeError(f"{case['label']}: round trips failed: {done.stderr}")
+    rtt = json.loads(done.stdout)
+    return {
+        "case": case_json(case),
+        "rtt_us": rtt["rtt_us"],
+        "window": window_counters(a, b),
+        "tender_cpu_s": {t: cpu_b.get(t, 0) - cpu_a.get(t, 0) for t in cpu_b},
+    }
+
+
+def summarize_latency(r: dict) -> dict:
+    rtt = np.array([x for x in r["rtt_us"] if x > 0])
+    w = r["window"]
+    s = {
+        "mode": r["case"]["label"],
+        "answered": len(rtt),
+        "lost": len(r["rtt_us"]) - len(rtt),
+        "median_us": float(np.median(rtt)) if len(rtt) else None,
+        "p99_us": float(np.percentile(rtt, 99)) if len(rtt) else None,
+        "max_us": float(rtt.max()) if len(rtt) else None,
+    }
+    if w:
+        s.update(
+            kvm_exits_s=w["kvm_exits"] / w["seconds"],
+            vcpu_cpu=w["vcpu_cpu"],
+            io_cpu=w["io_cpu"],
+        )
+    return s
+
+
+# -- rows, repeats, tables -----------------------------------------------------------
+
+
+def case_json(case: dict) -> dict:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in case.items()}
+
+
+def cases(args) -> list[dict]:
+    rows = []
+    for cpl in args.cpl.split(","):
+        suffix = "" if cpl == "auto" else f"/{cpl}"
+        for mode in filter(None, args.modes.split(",")):
+            if mode not in MODES:
+                raise SystemExit(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
+            shm = "off" if mode.startswith("off") else mode
+            rows.append(
+                {
+                    "label": mode + suffix,
+                    "tender": "pyvmm",
+                    "shm": shm,
+                    "cpl": cpl,
+                    "py": mode == "off-py",
+                    "guest": args.guest,
+                    "tx_guest": GUESTS / "udpsend.hvt",
+                    "lat_guest": GUESTS / "udpecho.hvt",
+                }
+            )
+        if args.ring_guest:
+            for mode in filter(None, args.ring_modes.split(",")):
+                rows.append(
+                    {
+                        "label": f"s5ring-{mode}{suffix}",
+                        "tender": "pyvmm",
+                        "shm": mode,
+                        "cpl": cpl,
+                        "guest": args.ring_guest,
+                    }
+                )
+    for peer in args.peer:
+        name, _, path = peer.partition("=")
+        if not path:
+            raise SystemExit(f"--peer {peer}: give NAME=PATH")
+        rows.append(
+            {
+                "label": name,
+                "tender": "peer",
+                "path": path,
+                "guest": args.peer_guest or GUEST,
+                "tx_guest": args.peer_tx_guest or GUESTS / "udpsend.hvt",
+                "lat_guest": args.peer_lat_guest or GUESTS / "udpecho.hvt",
+            }
+        )
+    return rows
+
+
+def median_spread(values: list) -> tuple[float | None, float | None]:
+    vals = np.array([v for v in values if v is not None], dtype=float)
+    if not len(vals):
+        return None, None
+    med = float(np.median(vals))
+    return med, float(vals.max() - vals.min())
+
+
+def aggregate(summaries: list[dict]) -> dict:
+    """Median and spread (max - min) of every numeric field over repeats."""
+    out = {"mode": summaries[0]["mode"], "repeats": len(summaries)}
+    keys = {k for s in summaries for k in s if k != "mode"}
+    for k in sorted(keys):
+        med, spread = median_spread([s.get(k) for s in summaries])
+        out[k] = med
+        out[k + "_spread"] = spread
+    return out
+
+
+def fmt(v, spec: str, width: int) -> str:
+    return f"{'-':>{width}}" if v is None else f"{v:>{width}{spec}}"
+
+
+RX_COLUMNS = [  # (header, key, format)
+    ("offered pps", "offered", ".0f"),
+    ("tap pps", "tap_pps", ".0f"),
+    ("tap drop/s", "tap_drops", ".0f"),
+    ("rx pps", "received", ".0f"),
+    ("rx ±%", "received_pct", ".1f"),
+    ("frames", "frames", ".0f"),
+    ("errors", "errors", ".0f"),
+    ("KVM exits/s", "kvm_exits_s", ".0f"),
+    ("exits/1k fr", "exits_per_kframe", ".1f"),
+    ("to pyvmm/s", "to_pyvmm_s", ".0f"),
+    ("ring drops", "ring_drops", ".0f"),
+    ("lost %", "lost", ".1f"),
+    ("vCPU %", "vcpu_cpu", ".0f"),
+    ("IO %", "io_cpu", ".0f"),
+    ("sender %", "sender_cpu", ".0f"),
+    ("runs", "repeats", ".0f"),
+]
+TX_COLUMNS = [
+    ("guest tx pps", "guest_pps", ".0f"),
+    ("tap pps", "tap_pps", ".0f"),
+    ("host rx pps", "host_pps", ".0f"),
+    ("sent", "sent", ".0f"),
+    ("host rx", "host_received", ".0f"),
+    ("errors", "errors", ".0f"),
+    ("lost %", "lost", ".1f"),
+    ("KVM exits/s", "kvm_exits_s", ".0f"),
+    ("exits/1k fr", "exits_per_kframe", ".1f"),
+    ("vCPU %", "vcpu_cpu", ".0f"),
+    ("IO %", "io_cpu", ".0f"),
+    ("runs", "repeats", ".0f"),
+]
+LAT_COLUMNS = [
+    ("median us", "median_us", ".1f"),
+    ("p99 us", "p99_us", ".1f"),
+    ("max us", "max_us", ".1f"),
+    ("lost", "lost", ".0f"),
+    ("KVM exits/s", "kvm_exits_s", ".0f"),
+    ("vCPU %", "vcpu_cpu", ".0f"),
+    ("IO %", "io_cpu", ".0f"),
+    ("runs", "repeats", ".0f"),
+]
+
+
+def print_table(rows: list[dict], columns: list) -> None:
+    width = max([18] + [len(r["mode"]) + 1 for r in rows])
+    print(f"{'mode':<{width}}" + "".join(f" {h:>{max(len(h), 6)}}" for h, _, _ in columns))
+    for r in rows:
+        line = f"{r['mode']:<{width}}"
+        for h, key, spec in columns:
+            line += " " + fmt(r.get(key), spec, max(len(h), 6))
+        print(line, flush=True)
+
+
+def chart(path: Path, rx: list[dict], tx: list[dict], lat: list[dict], title: str) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no chart (pip install matplotlib)"
+    panels = [p for p in (rx, tx, lat) if p]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 4.2 * len(panels)), squeeze=False)
+    axes = list(axes[:, 0])
+    if rx:
+        ax = axes.pop(0)
+        x = np.arange(len(rx))
+        for i, (key, label) in enumerate(
+            [("offered", "offered"), ("tap_pps", "tap delivered"), ("received", "guest received")]
+        ):
+            vals = [r.get(key) or 0 for r in rx]
+            err = [(r.get(key + "_spread") or 0) / 2 for r in rx]
+            ax.bar(x + (i - 1) * 0.27, vals, 0.27, yerr=err, label=label, capsize=2)
+        ax.set_xticks(x, [r["mode"] for r in rx], rotation=20)
+        ax.set_ylabel("frames/s (median)")
+        ax.set_title(f"receive: {title}", fontsize=9)
+        ax2 = ax.twinx()
+        ax2.plot(x, [r.get("exits_per_kframe") or np.nan for r in rx], "kD", label="exits/1k fr")
+        ax2.set_yscale("log")
+        ax2.set_ylabel("KVM exits per 1000 frames (log)")
+        ax.legend(loc="upper left", fontsize=8)
+        ax2.legend(loc="upper right", fontsize=8)
+    if tx:
+        ax = axes.pop(0)
+        x = np.arange(len(tx))
+        for i, (key, label) in enumerate([("guest_pps", "guest sent"), ("host_pps", "host got")]):
+            ax.bar(x + (i - 0.5) * 0.4, [r.get(key) or 0 for r in tx], 0.4, label=label)
+        ax.set_xticks(x, [r["mode"] for r in tx], rotation=20)
+        ax.set_ylabel("frames/s (median)")
+        ax.set_title("transmit (udpsend guest -> host socket)", fontsize=9)
+        ax.legend(fontsize=8)
+    if lat:
+        ax = axes.pop(0)
+        x = np.arange(len(lat))
+        for i, (key, label) in enumerate(
+            [("median_us", "median"), ("p99_us", "p99"), ("max_us", "max")]
+        ):
+            ax.bar(x + (i - 1) * 0.27, [r.get(key) or 0 for r in lat], 0.27, label=label)
+        ax.set_xticks(x, [r["mode"] for r in lat], rotation=20)
+        ax.set_yscale("log")
+        ax.set_ylabel("round trip, us (log)")
+        ax.set_title("latency (64-byte UDP request/response, one outstanding)", fontsize=9)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def machine() -> dict:
+    from pyvmm.kvm.system import kvm_flavour
+
+    model = "unknown CPU"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        m = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.M)
+        model = m.group(1) if m else model
+    return {
+        "arch": platform.machine(),
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "kernel": platform.release(),
+        "kvm": kvm_flavour(),
+        "loadavg": os.getloadavg(),
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--seconds", type=float, default=5.0, help="traffic per row")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per row (median, spread)")
     parser.add_argument("--size", type=int, default=1300, help="UDP payload bytes")
     parser.add_argument("--rate", type=int, default=0, help="offered datagrams/s (0: max)")
-    parser.add_argument("--idle-ms", type=int, default=1500)
-    parser.add_argument("--pin", action="store_true", help="vCPU on CPU 0, IO thread on 1")
+    parser.add_argument("--idle-ms", type=int, default=1500, help="udpsink's idle timeout")
+    parser.add_argument("--pin", action="store_true", help="vCPU and sender on CPU 0, IO on 1")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--slots", type=int, default=0, help="--shm-slots (0: default)")
     parser.add_argument("--budget", type=int, default=0, help="--hybrid-budget in us (0: default)")
-    parser.add_argument("--json", action="store_true", help="also dump raw results")
     parser.add_argument("--guest", type=Path, default=GUEST, help="receiving program")
     parser.add_argument("--cpl", default="auto", help="--cpl values to run each mode at")
+    parser.add_argument(
+        "--ring-guest",
+        default=str(SOLO5_RING_GUEST) if SOLO5_RING_GUEST.exists() else "",
+        help="udpsink built against Solo5 (rows s5ring-MODE; default: "
+        f"{SOLO5_RING_GUEST} if present; '' for none)",
+    )
+    parser.add_argument("--ring-modes", default=",".join(SHM_MODES))
+    parser.add_argument("--peer", action="append", default=[], metavar="NAME=PATH")
+    parser.add_argument("--peer-guest", type=Path, help="the peer's receiving guest")
+    parser.add_argument("--peer-tx-guest", type=Path, help="the peer's sending guest")
+    parser.add_argument("--peer-lat-guest", type=Path, help="the peer's echo guest")
+    parser.add_argument(
+        "--peer-scale",
+        type=int,
+        default=100,
+        help="a peer's transmit and latency runs get COUNT / this (a CPL 0 guest is "
+        "emulated on kvm_pvm hosts, ~1000x slower)",
+    )
+    parser.add_argument("--sender", choices=("packet", "udp"), default="packet")
+    parser.add_argument("--batch", type=int, default=32, help="sender: datagrams per sendmmsg")
+    parser.add_argument("--sockets", type=int, default=1, help="sender udp: sockets")
+    parser.add_argument("--sndbuf", type=int, default=8 << 20, help="sender: socket buffer")
+    parser.add_argument("--sender-cpu", type=int, default=-1, help="pin the sender")
+    parser.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="run the tender and the sender at this nice value (e.g. -10 on a machine others load)",
+    )
+    parser.add_argument("--sender-nice", type=int, help="the sender's own (default: --nice)")
+    parser.add_argument("--no-tx", action="store_true", help="skip the transmit table")
+    parser.add_argument("--tx-count", type=int, default=500000, help="udpsend datagrams")
+    parser.add_argument("--tx-timeout", type=float, default=30.0, help="udpsend's run at most")
+    parser.add_argument("--no-latency", action="store_true", help="skip the latency table")
+    parser.add_argument("--lat-count", type=int, default=2000)
+    parser.add_argument("--lat-interval-us", type=int, default=1000)
+    parser.add_argument("--out", default="/tmp/pyvmm-pps", help="PREFIX for .json and .png")
+    parser.add_argument("--no-chart", action="store_true", help="JSON only, no PNG")
+    parser.add_argument("--quick", action="store_true", help="short runs, under a minute")
+    parser.add_argument("--json", action="store_true", help="also print the raw JSON")
     args = parser.parse_args()
-
-    from pyvmm.kvm.system import kvm_flavour
-
-    print(
-        f"# {platform.machine()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
-        f"KVM {kvm_flavour()}; {args.size}-byte UDP payloads for {args.seconds:g} s per mode, "
-        f"offered {'max' if not args.rate else args.rate} pps{', pinned' if args.pin else ''}; "
-        f"{time.strftime('%Y-%m-%d %H:%M')}"
+    if args.quick:
+        args.seconds = min(args.seconds, 1.0)
+        args.repeat = 1
+        args.idle_ms = min(args.idle_ms, 400)
+        args.tx_count = min(args.tx_count, 50000)
+        args.lat_count = min(args.lat_count, 200)
+        args.ring_modes = "event" if args.ring_modes == ",".join(SHM_MODES) else args.ring_modes
+    args.ring_guest = Path(args.ring_guest) if args.ring_guest else None
+    rows = cases(args)
+    host = machine()
+    title = (
+        f"{host['arch']}, {host['cpus']} CPUs ({host['cpu_model']}), kernel {host['kernel']}, "
+        f"KVM {host['kvm']}, load {host['loadavg'][0]:.2f}; {args.size}-byte UDP payloads, "
+        f"{args.seconds:g} s per row, {args.repeat} runs, median; sender {args.sender}, "
+        f"offered {'max' if not args.rate else args.rate} pps{', pinned' if args.pin else ''}"
     )
-    header = (
-        f"{'mode':<18} {'offered pps':>11} {'rx pps':>9} {'frames':>9} {'errors':>6} "
-        f"{'KVM exits/s':>11} {'exits/1k fr':>11} {'to pyvmm/s':>10} {'ring drops':>10} "
-        f"{'lost %':>6} {'vCPU %':>6} {'IO %':>5}"
-    )
-    print(header)
-    raw = []
+    print(f"# {title}; {time.strftime('%Y-%m-%d %H:%M')}")
     if args.guest != GUEST:
         print(f"# guest: {args.guest}")
-    for mode, cpl in [(m, c) for c in args.cpl.split(",") for m in args.modes.split(",")]:
-        result = run_mode(mode, cpl, args)
-        raw.append(result)
-        s = summarize(result)
+    if args.ring_guest:
+        print(f"# s5ring rows: {args.ring_guest} (Solo5's ring I/O served by the IO thread)")
+    for r in rows:
+        if r["tender"] == "peer":
+            print(f"# {r['label']}: {r['path']} with {r['guest']}")
+    raw: dict = {"machine": host, "args": {k: str(v) for k, v in vars(args).items()}}
+    raw["started"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+
+    def repeated(kind: str, run, summarize, selected: list[dict]) -> list[dict]:
+        runs: dict[str, list] = {r["label"]: [] for r in selected}
+        for _ in range(args.repeat):
+            for case in selected:
+                try:
+                    runs[case["label"]].append(run(case, args))
+                except RuntimeError as err:
+                    print(f"# {case['label']}: {err}", file=sys.stderr)
+        raw[kind] = runs
+        return [aggregate([summarize(x) for x in got]) for got in runs.values() if got]
+
+    print("\n## receive")
+    rx = repeated("rx", run_rx, summarize_rx, rows)
+    for r in rx:
+        med = r.get("received") or 0
+        r["received_pct"] = 100 * (r.get("received_spread") or 0) / med if med else None
+    print_table(rx, RX_COLUMNS)
+    top = max((r for r in rx if r.get("received")), key=lambda r: r["received"], default=None)
+    if top and not args.rate:
+        best, offered = top["received"], top["offered"]
+        lowest = min(r["offered"] for r in rx if r.get("offered"))
+        verdict = "ok" if offered >= 2 * best else "NOT 2x: the sender may have limited it"
         print(
-            f"{s['mode']:<18} {s['offered']:>11.0f} {s['received']:>9.0f} {s['frames']:>9} "
-            f"{s['errors']:>6} {s['kvm_exits_s']:>11.0f} {s['exits_per_kframe']:>11.1f} "
-            f"{s['to_pyvmm_s']:>10.0f} {s['drops']:>10} {s['lost']:>6.1f} {s['vcpu_cpu']:>6.0f} "
-            f"{s['io_cpu']:>5.0f}",
-            flush=True,
+            f"# sender: the best row ({top['mode']}, {best:.0f} pps received) was offered "
+            f"{offered:.0f} pps, {offered / best:.1f}x ({verdict}); lowest offered in any row "
+            f"{lowest:.0f} pps"
         )
+    tx_rows = [r for r in rows if "tx_guest" in r]
+    tx = []
+    if not args.no_tx and tx_rows:
+        print("\n## transmit")
+        tx = repeated("tx", run_tx, summarize_tx, tx_rows)
+        print_table(tx, TX_COLUMNS)
+    lat = []
+    if not args.no_latency and tx_rows:
+        print(
+            f"\n## latency: {args.lat_count} round trips of 64 bytes, one every "
+            f"{args.lat_interval_us} us"
+        )
+        lat = repeated("latency", run_latency, summarize_latency, tx_rows)
+        print_table(lat, LAT_COLUMNS)
+    raw["summary"] = {"rx": rx, "tx": tx, "latency": lat}
+    raw["loadavg_end"] = os.getloadavg()
+    raw["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    print(f"\n# load average at the end: {' '.join(f'{x:.2f}' for x in raw['loadavg_end'])}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{out}.json").write_text(json.dumps(raw) + "\n")
+    note = "not asked for (--no-chart)"
+    if not args.no_chart:
+        note = chart(Path(f"{out}.png"), rx, tx, lat, title)
+    print(f"\n# raw numbers: {out}.json; chart: {note or f'{out}.png'}")
     if args.json:
         print(json.dumps(raw))
-    return 0
+    # A row none of whose runs worked fails the benchmark (the reason is on stderr).
+    failed = [
+        label
+        for kind in ("rx", "tx", "latency")
+        for label, got in raw.get(kind, {}).items()
+        if not got
+    ]
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

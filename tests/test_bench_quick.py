@@ -1,0 +1,46 @@
+"""bench/pps.py --quick runs end to end: one shmstream mode, one repeat,
+every table (receive, transmit, latency), and writes valid JSON.
+
+Timings are never asserted (docs/benchmarks.md); only that the run works
+and that its raw numbers are there and consistent with each other.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = [pytest.mark.kvm, pytest.mark.netns]
+
+
+def test_pps_quick_writes_json(tmp_path: Path) -> None:
+    prefix = tmp_path / "pps"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "pps.py"), "--quick", "--modes", "poll"]
+        + ["--seconds", "0.5", "--repeat", "1", "--ring-guest", "", "--out", str(prefix)]
+        + ["--tx-count", "2000", "--lat-count", "20", "--no-chart"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    raw = json.loads(prefix.with_suffix(".json").read_text())
+    (run,) = raw["rx"]["poll"]
+    rx = raw["summary"]["rx"][0]
+    assert rx["mode"] == "poll"
+    # Every frame the guest counted passed the tap, and the sender sent it.
+    assert 0 < rx["frames"] <= run["tap"]["tx_packets"] <= run["sent"]["sent"]
+    assert rx["errors"] == 0
+    assert "kvm_exits_s" in rx and "io_cpu" in rx
+    (tx,) = raw["summary"]["tx"]
+    assert tx["sent"] == 2000 and tx["errors"] == 0
+    (lat,) = raw["summary"]["latency"]
+    assert lat["answered"] + lat["lost"] == 20 and lat["median_us"] > 0
+    assert "## receive" in done.stdout and "## latency" in done.stdout
