@@ -76,7 +76,7 @@ def fds_and_rss(pid: int) -> tuple[int, int]:
 def drops(snap: dict) -> dict[str, int]:
     """pyvmm's own drops by cause, from a --stats-json snapshot."""
     out: dict[str, int] = {}
-    for name, value in (snap.get("tap_drops") or {}).items():
+    for value in (snap.get("tap_drops") or {}).values():
         if isinstance(value, dict):
             for key, n in value.items():
                 out[f"tap_path_{key}"] = out.get(f"tap_path_{key}", 0) + n
