@@ -354,7 +354,7 @@ def test_a_networked_unikernel_answers_ping_through_a_cni_style_veth(containerd)
 # orphaned when create exits, is reaped here and its status seen. argv[1]:
 # the pyvmm-oci command prefix as JSON; argv[2]: the container id; argv[3]:
 # the bundle; argv[4]: seconds to let it run; argv[5]: the signal to kill it
-# with. Prints one JSON line of what it saw.
+# with; argv[6]: exec or in-process. Prints one JSON line of what it saw.
 LIFECYCLE = r"""
 import ctypes, json, os, subprocess, sys, time
 ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
@@ -362,6 +362,13 @@ oci, cid, bundle = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
 pidfile = os.path.join(bundle, "init.pid")
 seen = {}
 def run(*args):
+    if sys.argv[6] == "in-process":  # no interpreter start-up per command
+        import contextlib, io
+        from pyvmm.oci.runtime import main
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(oci[1:] + list(args))
+        return rc, out.getvalue(), err.getvalue()
     done = subprocess.run(oci + list(args), capture_output=True, text=True, timeout=60)
     return done.returncode, done.stdout, done.stderr
 def create():
@@ -394,11 +401,13 @@ print(json.dumps(seen))
 """
 
 
-def _lifecycle(root: str, bundle: str, cid: str, settle: float, sig: str = "15") -> dict:
+def _lifecycle(root: str, bundle: str, cid: str, settle: float, sig: str, how: str) -> dict:
+    """create in a process of its own; the other commands the same (``how``
+    = "exec"), or called in the subreaper (``how`` = "in-process")."""
     oci = [runtime_binary(), "--root", root]
     try:
         done = subprocess.run(
-            [sys.executable, "-c", LIFECYCLE, json.dumps(oci), cid, bundle, str(settle), sig],
+            [sys.executable, "-c", LIFECYCLE, json.dumps(oci), cid, bundle, str(settle), sig, how],
             capture_output=True,
             text=True,
             timeout=120,
@@ -421,7 +430,7 @@ def test_create_start_state_kill_delete_without_containerd(tmp_path):
     config = {"ociVersion": "1.0.2", "process": {"args": []}, "root": {"path": "rootfs"}}
     (bundle / "config.json").write_text(json.dumps(config))
     root = tmp_path / "root"
-    seen = _lifecycle(str(root), str(bundle), "spin2", 2.0)
+    seen = _lifecycle(str(root), str(bundle), "spin2", 2.0, "15", "in-process")
     assert seen == {
         "create": 0,
         "created": "created",
@@ -455,7 +464,7 @@ def test_a_pod_sandbox_container_goes_to_runc(tmp_path):
     config["annotations"] = {"io.kubernetes.cri.container-type": "sandbox"}
     (bundle / "config.json").write_text(json.dumps(config))
     root = tmp_path / "root"
-    seen = _lifecycle(str(root), str(bundle), "pause1", 0.5, "KILL")
+    seen = _lifecycle(str(root), str(bundle), "pause1", 0.5, "KILL", "exec")
     assert seen["create"] == 0 and seen["created"] == "created"
     assert seen["start"] == 0 and seen["running"] == "running" and seen["ps"]
     assert seen["exit"] == -signal.SIGKILL  # (pid 1 of its pid namespace ignores SIGTERM)
