@@ -104,3 +104,16 @@ def with_abi_version(src: Path, dst: Path, version: int) -> Path:
 
 BAD_CPL = "2"  # neither auto, 0, 3 nor deprivileged
 BAD_CPL_MESSAGE = f"pyvmm: --cpl: '{BAD_CPL}' is not one of auto, 0, 3, deprivileged"
+
+
+def handles_stop_signals(pid: int) -> bool:
+    """Whether pyvmm's own stop handlers are in (pyvmm/entry.py): SIGTERM
+    caught, read from /proc/PID/status (Python alone does not catch it)."""
+    import signal
+
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(line for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)))

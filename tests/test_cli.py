@@ -20,6 +20,7 @@ import time
 import pytest
 
 from conftest import ROOT, guest, popen_pyvmm, run_pyvmm
+from testkit import helpers
 from testkit.netns import NetNamespace
 
 PVM = os.path.exists("/sys/module/kvm_pvm")
@@ -44,20 +45,9 @@ def mem_size(result: subprocess.CompletedProcess) -> int:
 # -- stop signals at any moment of start-up --------------------------------------
 
 
-def _handles_stop_signals(pid: int) -> bool:
-    """Whether pyvmm's own handlers are in (SIGTERM caught: Python alone
-    does not catch it), read from /proc as an outside oracle."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            caught = next(line for line in f if line.startswith("SigCgt:"))
-    except (OSError, StopIteration):
-        return False
-    return bool(int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
-
-
 def _wait_for_handlers(pid: int) -> None:
     deadline = time.monotonic() + 30
-    while not _handles_stop_signals(pid):
+    while not helpers.handles_stop_signals(pid):
         assert time.monotonic() < deadline, "pyvmm never installed its stop handlers"
         time.sleep(0.0005)
 
