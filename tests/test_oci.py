@@ -234,9 +234,11 @@ class Lines:
             return next(x for x in self.lines if x.startswith(prefix))
 
 
-def test_hello_prints_its_output_and_exits_0(containerd):
-    done = containerd.run(ref("hello"), "hello1")
+def test_hello_prints_its_output_and_exits_0_with_the_memory_limit_as_mem(containerd):
+    # 33 MiB: pyvmm's --mem=33 says it rounds down to 32 (its note on stderr).
+    done = containerd.run(ref("hello"), "hello1", options=("--memory-limit", str(33 << 20)))
     assert done.returncode == 0, done.stderr
+    assert "pyvmm: adjusting memory to 33554432 bytes" in done.stderr
     assert "Hello, world" in done.stdout
     assert done.stdout.rstrip().endswith("SUCCESS")
     assert containerd.containers() == []
@@ -397,6 +399,12 @@ seen["stopped"] = status()
 seen["kill_again"] = run("kill", cid, "KILL")[2].strip()
 seen["delete"] = run("delete", cid)[0]
 seen["after"] = run("state", cid)[2].strip()
+# A container deleted before it started: its waiting process goes too.
+cid += "b"
+create()
+pid = int(open(pidfile).read())
+seen["delete_created"] = (status(), run("delete", cid)[0])
+seen["created_exit"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 print(json.dumps(seen))
 """
 
@@ -443,6 +451,8 @@ def test_create_start_state_kill_delete_without_containerd(tmp_path):
         "kill_again": "pyvmm-oci: container not running",
         "delete": 0,
         "after": "pyvmm-oci: container spin2 does not exist",
+        "delete_created": ["created", 0],
+        "created_exit": -signal.SIGKILL,
     }
     assert os.listdir(root) == []
 
@@ -470,4 +480,5 @@ def test_a_pod_sandbox_container_goes_to_runc(tmp_path):
     assert seen["exit"] == -signal.SIGKILL  # (pid 1 of its pid namespace ignores SIGTERM)
     assert seen["stopped"] == "stopped" and seen["delete"] == 0
     assert "does not exist" in seen["after"]
+    assert seen["delete_created"] == ["created", 0]
     assert os.listdir(root / ".runc") == []
