@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -482,3 +483,36 @@ def test_a_pod_sandbox_container_goes_to_runc(tmp_path):
     assert "does not exist" in seen["after"]
     assert seen["delete_created"] == ["created", 0]
     assert os.listdir(root / ".runc") == []
+
+
+def test_a_terminal_goes_through_the_console_socket(containerd):
+    """ctr run -t: the shim passes --console-socket; pyvmm's stdio is the pty."""
+    master, slave = os.openpty()
+    try:
+        proc = subprocess.Popen(
+            containerd.run_argv(ref("args"), "tty1", "5", "tty", options=("-t",)),
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+        )
+        os.close(slave)
+        slave = -1
+        output = b""
+        deadline = time.monotonic() + CTR_TIMEOUT
+        while proc.poll() is None or not output.endswith(b"\n"):
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    output += os.read(master, 4096)
+                except OSError:  # EIO: every slave fd closed
+                    break
+            assert time.monotonic() < deadline, output
+        assert proc.wait(timeout=CTR_TIMEOUT) == 5
+        assert b"cmdline: 5 tty\r" in output  # through a terminal: CR LF (each pty adds a CR)
+    finally:
+        if slave >= 0:
+            os.close(slave)
+        os.close(master)
+    with open(containerd.trace) as f:
+        assert any('"--console-socket"' in line and '"tty1"' in line for line in f)
