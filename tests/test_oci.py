@@ -516,3 +516,32 @@ def test_a_terminal_goes_through_the_console_socket(containerd):
         os.close(master)
     with open(containerd.trace) as f:
         assert any('"--console-socket"' in line and '"tty1"' in line for line in f)
+
+
+@pytest.mark.netns
+def test_a_networked_unikernel_without_a_cni_interface_is_refused(tmp_path):
+    """create says why in one line and leaves no state and no tap behind."""
+    from pyvmm.oci.runtime import main
+
+    bundle = tmp_path / "bundle"
+    (bundle / "rootfs" / "unikernel").mkdir(parents=True)
+    shutil.copy(guest("ping"), bundle / "rootfs" / "unikernel" / "kernel.hvt")
+    root = tmp_path / "root"
+    with NetNamespace() as pod:  # lo only: no interface with an address
+        config = {
+            "ociVersion": "1.0.2",
+            "process": {"args": []},
+            "root": {"path": "rootfs"},
+            "linux": {"namespaces": [{"type": "network", "path": pod.path}]},
+        }
+        (bundle / "config.json").write_text(json.dumps(config))
+        log = tmp_path / "log.json"
+        argv = ["--root", str(root), "--log", str(log), "--log-format", "json", "create"]
+        status = main([*argv, "--bundle", str(bundle), "--pid-file", str(tmp_path / "pid"), "c1"])
+        assert status == 1
+        assert json.loads(log.read_text())["msg"] == (
+            "container network: the container's network namespace has no interface "
+            "with an IPv4 address (CNI sets one up)"
+        )
+        assert pod.links() == ["lo"]
+    assert os.listdir(root) == []

@@ -164,3 +164,20 @@ def test_the_image_tool_refuses_what_is_not_a_unikernel(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"pyvmm.oci.image: {sys.executable}: ") and err.count("\n") == 1
     assert not (tmp_path / "x.tar").exists()
+
+
+def test_block_annotations_attach_a_mount_source_or_a_rootfs_file(tmp_path):
+    bundle = make_bundle(
+        tmp_path,
+        annotations={
+            "org.pyvmm.unikernel.block.storage": "/data/disk.img",
+            "org.pyvmm.unikernel.block.ro": "/images/base.img",
+        },
+        mounts=[{"destination": "/data/disk.img", "type": "bind", "source": "/srv/disk.img"}],
+    )
+    kernel = read_bundle(str(bundle))
+    argv = pyvmm_argv(kernel, None, None)
+    assert argv[3:5] == [
+        f"--block:ro={bundle}/rootfs/images/base.img",
+        "--block:storage=/srv/disk.img",
+    ]
