@@ -219,7 +219,7 @@ def create(root: str, args: argparse.Namespace) -> None:
         if kernel.net_devices:
             try:
                 link = network.setup(kernel.netns, args.id)
-            except (network.NetworkError, OSError) as err:
+            except Exception as err:  # pyroute2's NetlinkError is no OSError
                 raise RuntimeError_(f"container network: {err}") from err
             state["link"] = link.__dict__
             container.save(state)
@@ -481,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         if _is_sandbox(args) or _delegated(args):
             delegate(argv, args)
         args.run(args.root, args)
-    except (RuntimeError_, OSError) as err:
+    except (RuntimeError_, BundleError, OSError) as err:
         msg = str(err)
         log.write("error", msg)
         print(f"pyvmm-oci: {msg}", file=sys.stderr)
