@@ -31,4 +31,9 @@ unsigned pyvmm_arch_hypercall(const struct pyvmm_exit *exit, uint64_t *gpa);
  */
 void pyvmm_arch_decode_exit(const struct kvm_run *run, struct pyvmm_exit *exit);
 
+#if defined(__aarch64__)
+/* CNTFRQ_EL0, the generic timer's frequency (the guest reads the same). */
+uint64_t pyvmm_arm64_cntfrq(void);
+#endif
+
 #endif

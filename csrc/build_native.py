@@ -223,7 +223,8 @@ def build_ffi(machine: str | None = None) -> FFI:
         ffi.cdef(cdef_of(HERE / header))
     ffi.set_source(
         "pyvmm._native",
-        "#include <linux/kvm.h>\n" + "".join(f'#include "{h}"\n' for h in SHARED_HEADERS),
+        '#include <linux/kvm.h>\n#include "arch.h"\n'
+        + "".join(f'#include "{h}"\n' for h in SHARED_HEADERS),
         # setuptools insists on /-separated paths relative to setup.py's
         # directory, whatever the current directory of whoever imports this.
         sources=[f"{SOURCE_DIR}/{s}" for s in (*SOURCES, arch_source(machine))],

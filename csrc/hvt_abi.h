@@ -60,6 +60,8 @@ enum hvt_result {
 /* Solo5 ring I/O extension (v0.11+): host_features bit, kick port. */
 #define HVT_FEATURE_RING_IO 1
 #define HVT_RING_KICK_PIO 0x600
+/* aarch64: a 32-bit store to this address. */
+#define HVT_RING_KICK_MMIO 0x100000100
 
 struct hvt_boot_info {
     uint64_t mem_size;       /* usable memory, excluding reserved areas */

@@ -64,5 +64,7 @@ struct pyvmm_boot_ext {
  * does nothing else.  Guests use it to measure that cost (bench/cpl.py).
  */
 #define PYVMM_NULL_KICK_PIO 0x6ff
+/* aarch64: a 32-bit store to this address. */
+#define PYVMM_NULL_KICK_MMIO 0x100000300
 
 #endif /* PYVMM_ABI_H */

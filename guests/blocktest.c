@@ -54,10 +54,15 @@ static uint64_t sector_word(uint64_t s)
 static void fill(uint64_t *w, uint64_t sector, uint64_t words)
 {
     uint64_t *p = w + 1, n = words - 2;
+#if defined(__aarch64__)
+    for (uint64_t v = sector_word(sector); n > 0; n--)
+        *p++ = v;
+#else
     __asm__ __volatile__("cld; rep stosq"
                          : "+D"(p), "+c"(n)
                          : "a"(sector_word(sector))
                          : "memory");
+#endif
     w[0] = sector;
     w[words - 1] = ~sector;
 }
@@ -67,10 +72,16 @@ static bool check(const uint64_t *w, uint64_t sector, uint64_t words)
     const uint64_t *p = w + 1;
     uint64_t n = words - 2;
     bool differ;
+#if defined(__aarch64__)
+    differ = false;
+    for (uint64_t v = sector_word(sector); n > 0 && !differ; n--)
+        differ = *p++ != v;
+#else
     __asm__ __volatile__("cld; repe scasq"
                          : "+D"(p), "+c"(n), "=@ccne"(differ)
                          : "a"(sector_word(sector))
                          : "memory");
+#endif
     if (w[0] != sector || w[words - 1] != ~sector || differ) {
         uint64_t i = 0;
         while (i < words - 1 && w[i] == (i == 0 ? sector : sector_word(sector)))

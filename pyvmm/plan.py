@@ -88,6 +88,10 @@ def make_plan(config: VmConfig, *, machine: str, flavour: str, load: KernelLoade
         ring_gpa = usable
     kernel.check_fits(usable)
     mode = choose_mode(config.cpl, kernel, flavour)
+    if mode not in arch.modes:
+        raise UsageError(
+            f"--cpl={config.cpl}: {machine} hosts run guests in {', '.join(arch.modes)} mode only"
+        )
     io = IoConfig(
         mode=config.shm if config.shm not in (None, "off") else DEFAULT_SHM_MODE,
         hybrid_budget_us=config.hybrid_budget_us or DEFAULT_HYBRID_BUDGET_US,

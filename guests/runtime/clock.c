@@ -11,9 +11,16 @@ static uint64_t ns_per_tick_32; /* nanoseconds per TSC tick, times 2^32 */
 
 static inline uint64_t rdtsc(void)
 {
+#if defined(__aarch64__)
+    /* The generic timer's virtual count (cpu_cycle_freq is CNTFRQ_EL0). */
+    uint64_t v;
+    __asm__ __volatile__("isb; mrs %0, cntvct_el0" : "=r"(v) : : "memory");
+    return v;
+#else
     uint32_t lo, hi;
     __asm__ __volatile__("rdtsc" : "=a"(lo), "=d"(hi));
     return ((uint64_t)hi << 32) | lo;
+#endif
 }
 
 void rt_clock_init(const struct hvt_boot_info *bi)

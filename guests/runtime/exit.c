@@ -17,9 +17,9 @@ void rt_halt(int status, void *cookie)
     };
     hvt_hypercall(HVT_HYPERCALL_HALT, &h);
     /* A tender never resumes a halted guest; if one does, fault so the run
-     * ends instead of executing whatever follows.  (ud2 is unprivileged.) */
+     * ends instead of executing whatever follows (ud2 / udf: unprivileged). */
     for (;;)
-        __asm__ __volatile__("ud2");
+        __builtin_trap();
 }
 
 void solo5_exit(int status)

@@ -75,15 +75,23 @@ static void rejected(const char *why)
 
 static inline void kick(void)
 {
+#if defined(__aarch64__)
+    rt_mmio_kick(SHM_KICK_MMIO, 0);
+#else
     __asm__ __volatile__("outl %0, %1"
                          :
                          : "a"((uint32_t)0), "d"((uint16_t)SHM_KICK_PIO)
                          : "memory");
+#endif
 }
 
 static inline void cpu_relax(void)
 {
+#if defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");
+#else
     __asm__ __volatile__("pause" ::: "memory");
+#endif
 }
 
 /* Bytes of one ring (header and slots) with (slots) slots. */

@@ -12,6 +12,7 @@
  * 0) and the tender to have set CR4.FSGSBASE (pyvmm's user-mode profile does
  * whenever the CPU has it).  Without FSGSBASE there is no way from user mode.
  */
+#if !defined(__aarch64__)
 #define MSR_FS_BASE 0xc0000100u
 #define CPUID7_EBX_FSGSBASE (1u << 0)
 
@@ -28,7 +29,16 @@ static bool cpu_has_fsgsbase(void)
                          : "a"(7), "c"(0));
     return (ebx & CPUID7_EBX_FSGSBASE) != 0;
 }
+#endif
 
+#if defined(__aarch64__)
+/* aarch64: TPIDR_EL0, as Solo5's bindings (any value, any level). */
+solo5_result_t solo5_set_tls_base(uintptr_t base)
+{
+    __asm__ __volatile__("msr tpidr_el0, %0" : : "r"((uint64_t)base) : "memory");
+    return SOLO5_R_OK;
+}
+#else
 solo5_result_t solo5_set_tls_base(uintptr_t base)
 {
     /* Both instructions fault on a non-canonical address (48-bit paging). */
@@ -48,3 +58,4 @@ solo5_result_t solo5_set_tls_base(uintptr_t base)
     __asm__ __volatile__("wrfsbase %0" : : "r"((uint64_t)base) : "memory");
     return SOLO5_R_OK;
 }
+#endif

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from pyvmm.memory import GuestMemory, Protection
 
 # platform.machine() spelling -> module under pyvmm/arch/ (written ones only).
-ARCHES = {"x86_64": "x86_64"}
+ARCHES = {"x86_64": "x86_64", "aarch64": "aarch64"}
 
 #: How the guest's code runs: "kernel" at its own privilege level as
 #: solo5-hvt runs it; "user" deprivileged by its own declaration (pyvmm's

@@ -19,6 +19,8 @@ class Vcpu:
     def __init__(self, fd: int, index: int, mmap_size: int) -> None:
         self.fd = fd
         self.index = index
+        # The VM's fd (Vm.create_vcpu sets it): arm64's vCPU init asks the VM.
+        self.vm_fd = -1
         self._run_map = mmap.mmap(fd, mmap_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._run = ffi.from_buffer(self._run_map)
         self.run_area = self._run

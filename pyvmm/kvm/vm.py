@@ -63,6 +63,8 @@ class Vm(OwnedFd):
         fd = ioctl(self.fd, lib.KVM_CREATE_VCPU, index, call="KVM_CREATE_VCPU")
         try:
             vcpu = Vcpu(fd, index, self.vcpu_mmap_size)
+            # arm64 asks the VM for the vCPU's preferred target.
+            vcpu.vm_fd = self.fd
         except BaseException:
             os.close(fd)
             raise

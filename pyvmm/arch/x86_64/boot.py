@@ -22,7 +22,7 @@ import struct
 from dataclasses import dataclass
 
 from pyvmm._native import lib
-from pyvmm.errors import LoaderError
+from pyvmm.arch.tables import place_page_tables
 from pyvmm.memory import GuestMemory, Protection
 
 PAGE = 0x1000
@@ -188,16 +188,9 @@ def page_tables(
             table[(addr - base) // PAGE] = _pte(addr, prot, us)
 
     tables = {}
-    next_pt = EXTRA_PT_BASE
-    for base, entries in sorted(small.items()):
-        if base == 0:
-            gpa = PT_BASE
-        else:
-            gpa, next_pt = next_pt, next_pt + PAGE
-            if gpa >= EXTRA_PT_END:
-                raise LoaderError("kernel image too large for pyvmm's page tables")
+    for base, gpa, table in place_page_tables(small, PT_BASE, EXTRA_PT_BASE, EXTRA_PT_END):
         pds[base // LARGE_PAGE] = gpa | PTE_P | PTE_RW | us
-        tables[gpa] = struct.pack("<512Q", *entries)
+        tables[gpa] = table
     tables[PML4_BASE] = struct.pack("<512Q", *pml4)
     tables[PDPT_BASE] = struct.pack("<512Q", *pdpt)
     tables[PD_BASE] = struct.pack(f"<{len(pds)}Q", *pds)

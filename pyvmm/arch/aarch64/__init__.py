@@ -1,0 +1,78 @@
+"""aarch64: EL1 with the MMU on (solo5-hvt's state), hypercalls and
+doorbells as 32-bit stores to the MMIO window above RAM.
+
+``mmu`` holds the memory the guest finds at entry (translation tables,
+pyvmm's fallback vectors), ``regs`` the KVM register ids, ``cpu`` the
+register state, ``faults`` the reading of exceptions.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyvmm._native import lib
+from pyvmm.arch.aarch64 import cpu, faults, mmu
+from pyvmm.kvm import Mmio
+
+if TYPE_CHECKING:
+    from pyvmm.arch import ExitHandler
+    from pyvmm.errors import GuestFault
+    from pyvmm.kvm import System, Vcpu, VcpuExit, Vm
+    from pyvmm.memory import GuestMemory, Protection
+
+HYPERCALL_MMIO = lib.HVT_HYPERCALL_MMIO_BASE
+HYPERCALL_MAX = lib.HVT_HYPERCALL_MAX
+#: The doorbells pyvmm names by their x86 port, at their MMIO address here.
+DOORBELLS = {
+    lib.HVT_RING_KICK_PIO: lib.HVT_RING_KICK_MMIO,
+    lib.SHM_KICK_PIO: lib.SHM_KICK_MMIO,
+    lib.PYVMM_NULL_KICK_PIO: lib.PYVMM_NULL_KICK_MMIO,
+}
+
+
+class Aarch64:
+    machine = "aarch64"
+    hypercall_exit = Mmio
+    # EL1, the guest's kernel level (as solo5-hvt runs it).
+    modes = {"kernel": 1}
+
+    def prepare_memory(
+        self, memory: GuestMemory, regions: list[tuple[int, int, Protection]], mode: str
+    ) -> None:
+        mmu.setup_memory(memory, regions)
+
+    def setup_vcpu(
+        self, system: System, vcpu: Vcpu, *, entry: int, stack: int, boot_info: int, mode: str
+    ) -> None:
+        cpu.init(vcpu.vm_fd, vcpu)
+        cpu.setup_vcpu(vcpu, entry=entry, stack=stack, boot_info=boot_info)
+
+    def exit_handler(self, mode: str, vcpu: Vcpu, memory: GuestMemory) -> ExitHandler | None:
+        return None
+
+    def cycle_freq(self, vcpu: Vcpu) -> int:
+        # The generic timer's frequency: the guest reads the same CNTFRQ_EL0.
+        return lib.pyvmm_arm64_cntfrq()
+
+    def hypercall(self, exit: VcpuExit) -> tuple[int, int] | None:
+        # The argument's GPA is the 32-bit value stored (hvt_abi.h).
+        if type(exit) is Mmio and exit.is_write and exit.length == 4:
+            offset = exit.addr - HYPERCALL_MMIO
+            if offset & 7 == 0 and 0 < offset >> 3 <= HYPERCALL_MAX:
+                return offset >> 3, exit.value
+        return None
+
+    def add_doorbell(self, vm: Vm, eventfd: int, doorbell: int) -> None:
+        vm.add_ioeventfd(eventfd, DOORBELLS[doorbell], 4, pio=False)
+
+    def explain(self, exit: VcpuExit, vcpu: Vcpu, memory: GuestMemory) -> GuestFault | None:
+        return faults.explain(exit, vcpu, memory)
+
+    def where(self, vcpu: Vcpu) -> str:
+        return cpu.where(vcpu)
+
+    def registers(self, vcpu: Vcpu) -> str:
+        return cpu.registers(vcpu)
+
+
+ARCH = Aarch64()
