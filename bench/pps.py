@@ -781,9 +781,9 @@ def main() -> int:
     if args.quick:
         args.seconds = min(args.seconds, 1.0)
         args.repeat = 1
-        args.idle_ms = min(args.idle_ms, 400)
-        args.tx_count = min(args.tx_count, 50000)
-        args.lat_count = min(args.lat_count, 200)
+        args.idle_ms = min(args.idle_ms, 300)
+        args.tx_count = min(args.tx_count, 30000)
+        args.lat_count = min(args.lat_count, 100)
         args.ring_modes = "event" if args.ring_modes == ",".join(SHM_MODES) else args.ring_modes
     args.ring_guest = Path(args.ring_guest) if args.ring_guest else None
     rows = cases(args)
