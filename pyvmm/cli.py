@@ -557,7 +557,10 @@ def version_text() -> str:
             else ""
         ),
         f"ioeventfd: {yes(info.ioeventfd)}, stats fd: {yes(info.stats_fd)}, "
-        f"read-only memslots: {yes(info.readonly_mem)}, TSC: {tsc}",
+        f"read-only memslots: {yes(info.readonly_mem)}, "
+        + ("TSC" if info.machine == "x86_64" else "timer")
+        + f": {tsc}",
+        *([", ".join(info.arch_features)] if info.arch_features else []),
         "--cpl=auto runs "
         + (
             "user-mode capable guests at CPL 3, others deprivileged (CPL 3, trap and emulate)"

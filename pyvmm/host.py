@@ -18,6 +18,31 @@ class HostInfo:
     stats_fd: bool
     readonly_mem: bool
     cycle_freq: int | None
+    #: What KVM offers that only this architecture has (KVM_CHECK_EXTENSION).
+    arch_features: tuple[str, ...] = ()
+
+
+# arm64: KVM capabilities worth knowing about a real host (pyvmm needs none
+# but PSCI 0.2 and ONE_REG); the constants exist in an arm64 build only.
+ARM64_CAPS = (
+    ("PSCI 0.2", "KVM_CAP_ARM_PSCI_0_2"),
+    ("IPA bits", "KVM_CAP_ARM_VM_IPA_SIZE"),
+    ("SVE", "KVM_CAP_ARM_SVE"),
+    ("pointer auth", "KVM_CAP_ARM_PTRAUTH_ADDRESS"),
+    ("PMUv3", "KVM_CAP_ARM_PMU_V3"),
+    ("AArch32 EL1", "KVM_CAP_ARM_EL1_32BIT"),
+)
+
+
+def arch_features(system: System) -> tuple[str, ...]:
+    if platform.machine() != "aarch64":
+        return ()
+    features = []
+    for label, cap in ARM64_CAPS:
+        value = system.check_extension(getattr(lib, cap))
+        shown = str(value) if label == "IPA bits" else ("yes" if value else "no")
+        features.append(f"{label}: {shown}")
+    return tuple(features)
 
 
 def cycle_freq(system: System) -> int | None:
@@ -41,4 +66,5 @@ def host_info(system: System) -> HostInfo:
         stats_fd=bool(system.check_extension(lib.KVM_CAP_BINARY_STATS_FD)),
         readonly_mem=bool(system.check_extension(lib.KVM_CAP_READONLY_MEM)),
         cycle_freq=cycle_freq(system),
+        arch_features=arch_features(system),
     )

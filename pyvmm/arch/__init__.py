@@ -95,4 +95,10 @@ def host_arch(machine: str | None = None) -> Arch:
         raise HostError(
             f"{machine} hosts are not supported yet (pyvmm boots guests on {written} only)"
         )
-    return importlib.import_module(f"pyvmm.arch.{name}").ARCH
+    module = importlib.import_module(f"pyvmm.arch.{name}")
+    if not module.NATIVE:
+        raise HostError(
+            f"the native extension was built for another architecture than this "
+            f"{machine} host: build it here (scripts/setup)"
+        )
+    return module.ARCH

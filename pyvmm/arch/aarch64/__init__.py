@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from pyvmm.kvm import System, Vcpu, VcpuExit, Vm
     from pyvmm.memory import GuestMemory, Protection
 
+#: Whether the extension was built for aarch64 (it has arm64's KVM ioctls).
+NATIVE = hasattr(lib, "KVM_ARM_VCPU_INIT")
 HYPERCALL_MMIO = lib.HVT_HYPERCALL_MMIO_BASE
 HYPERCALL_MAX = lib.HVT_HYPERCALL_MAX
 #: The doorbells pyvmm names by their x86 port, at their MMIO address here.

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from pyvmm.kvm import System, Vcpu, VcpuExit, Vm
     from pyvmm.memory import GuestMemory, Protection
 
+#: Whether the extension was built for x86_64 (it has x86's KVM ioctls).
+NATIVE = hasattr(lib, "KVM_GET_REGS")
 HYPERCALL_PORT = lib.HVT_HYPERCALL_PIO_BASE
 HYPERCALL_MAX = lib.HVT_HYPERCALL_MAX
 
