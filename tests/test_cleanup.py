@@ -101,3 +101,223 @@ def test_every_exit_path_releases_everything(case, shm):
     assert after[0] == before[0], f"file descriptors leaked: {before[0]} -> {after[0]}"
     assert after[1] == before[1], f"threads leaked: {before[1]} -> {after[1]}"
     assert after[2] - before[2] < 4096, "guest memory mappings leaked"
+
+
+# -- stop signals, a vanished tap, a disk that fails: in-process --------------------
+
+
+def run_stopped(ns: NetNamespace | None, config: VmConfig, ready, *, console=None) -> int | str:
+    """Run in-process; once ``ready(vmm)`` holds (polled from another
+    thread while the guest runs), a SIGTERM to this (the vCPU) thread."""
+    import contextlib
+    import signal
+    import threading
+    import time
+
+    stop = threading.Event()
+    main = threading.get_ident()
+    holder: dict = {}
+
+    def watch() -> None:
+        deadline = time.monotonic() + 30  # then stopped anyway: a failure, not a hang
+        while not stop.is_set():
+            vmm = holder.get("vmm")
+            if (
+                vmm is not None
+                and vmm.running.is_set()
+                and (ready(vmm) or time.monotonic() > deadline)
+            ):
+                with vmm.running_lock:
+                    if vmm.running.is_set():
+                        signal.pthread_kill(main, signal.SIGTERM)
+                        return
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    inside = ns.inside() if ns is not None else contextlib.nullcontext()
+    try:
+        with inside, Vmm(config) as vmm:
+            holder["vmm"] = vmm
+            out = console if console is not None else os.open(os.devnull, os.O_WRONLY)
+            saved = os.dup(1)
+            os.dup2(out, 1)
+            try:
+                return vmm.run()
+            finally:
+                os.dup2(saved, 1)
+                os.close(saved)
+                if console is None:
+                    os.close(out)
+    except PyvmmError as err:
+        return str(err)
+    finally:
+        stop.set()
+        watcher.join()
+
+
+def after(seconds: float):
+    import time
+
+    start: list[float] = []
+
+    def ready(vmm) -> bool:
+        if not start:
+            start.append(time.monotonic())
+        return time.monotonic() - start[0] >= seconds
+
+    return ready
+
+
+def test_a_stop_signal_while_console_output_blocks_releases_everything():
+    import fcntl
+
+    def pipe_full(read_end: int):
+        size = fcntl.fcntl(read_end, fcntl.F_GETPIPE_SZ)
+
+        def ready(vmm) -> bool:
+            import termios
+
+            buf = bytearray(4)
+            fcntl.ioctl(read_end, termios.FIONREAD, buf)
+            return int.from_bytes(buf, "little") >= size
+
+        return ready
+
+    config = VmConfig(kernel=str(guest("chatty")), mem_mib=32)
+    results = []
+    r, w = os.pipe()
+    try:
+        results.append(run_stopped(None, config, pipe_full(r), console=w))  # warm-up
+        os.read(r, 1 << 20)
+        before = resources()
+        for _ in range(2):
+            results.append(run_stopped(None, config, pipe_full(r), console=w))
+            while True:  # empty the pipe for the next run
+                try:
+                    os.set_blocking(r, False)
+                    if not os.read(r, 1 << 16):
+                        break
+                except BlockingIOError:
+                    break
+        after_ = resources()
+    finally:
+        os.close(r)
+        os.close(w)
+    assert all("stopped by SIGTERM" in str(res) for res in results), results
+    assert after_[:2] == before[:2], f"leaked: {before} -> {after_}"
+
+
+@pytest.mark.parametrize("shm", MODES)
+def test_a_stop_signal_while_polling_releases_everything(shm):
+    config = VmConfig(kernel=str(guest("ping")), devices={"net": nets()}, shm=shm)
+    with NetNamespace() as ns:
+        ns.add_tap("tap100", address="10.0.0.1/24")
+        run_stopped(ns, config, after(0.2))  # warm-up
+        before = resources()
+        results = [run_stopped(ns, config, after(0.2)) for _ in range(2)]
+        after_ = resources()
+    assert all("stopped by SIGTERM" in str(res) for res in results), results
+    assert after_[:2] == before[:2], f"leaked: {before} -> {after_}"
+
+
+@pytest.mark.parametrize("shm", MODES)
+def test_a_tap_deleted_under_a_running_guest_leaves_nothing_behind(shm):
+    """The link is gone: the hypercall path answers EUNSPEC (ping then ends
+    with 1 by itself), the IO thread finds nothing to move and the guest runs
+    on without network until stopped; either way every fd and thread goes."""
+    config = VmConfig(kernel=str(guest("ping")), devices={"net": nets()}, shm=shm)
+    with NetNamespace() as ns:
+        ns.add_tap("tap100", address="10.0.0.1/24")
+        run_stopped(ns, config, after(0.1))  # warm-up
+        before = resources()
+        results = []
+        for _ in range(2):
+            ns.add_tap("tap100", address="10.0.0.1/24") if "tap100" not in ns.links() else None
+            deleted: list[bool] = []
+            later = after(0.5)
+
+            def delete_then_stop(vmm, deleted=deleted, later=later) -> bool:
+                if not deleted:
+                    # ip(8), not pyroute2, whose helper threads would count here.
+                    ns.run(["ip", "link", "del", "tap100"], check=True)
+                    deleted.append(True)
+                    return False
+                return later(vmm)
+
+            results.append(run_stopped(ns, config, delete_then_stop))
+        after_ = resources()
+        assert ns.links() == ["lo"]  # pyvmm re-created nothing
+    expected = 1 if shm == "off" else "stopped by SIGTERM"
+    assert all(res == expected or expected in str(res) for res in results), results
+    assert after_[:2] == before[:2], f"leaked: {before} -> {after_}"
+
+
+def test_a_block_file_that_fails_under_the_guest_leaves_nothing_behind(tmp_path):
+    """blockerr reads its last block until that fails (the file shrinks
+    under it): EUNSPEC, the guest ends with 0, everything is released."""
+    disk = tmp_path / "disk.img"
+    disk.write_bytes(bytes(64 * 1024))
+    config = VmConfig(kernel=str(guest("blockerr")), devices={"block": {"storage": str(disk)}})
+
+    def shrink(vmm) -> bool:
+        os.truncate(disk, 0)
+        return False  # no signal: the guest ends by itself
+
+    run_stopped(None, config, shrink)  # warm-up
+    before = resources()
+    results = []
+    for _ in range(2):
+        disk.write_bytes(bytes(64 * 1024))
+        results.append(run_stopped(None, config, shrink))
+    after_ = resources()
+    assert results == [0, 0]
+    assert after_[:2] == before[:2], f"leaked: {before} -> {after_}"
+
+
+# -- the command: a stop signal at any moment, with the sandbox ------------------------
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.1, 0.2, 0.4, 0.8])
+def test_a_stop_signal_at_any_moment_of_a_net_run_ends_it_cleanly(delay):
+    """From pyvmm's handlers in through set-up (taps, KVM, the IO thread,
+    the sandbox) into the run: 143, one line, no process left, the tap free
+    again (a new pyvmm attaches it at once)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    with NetNamespace() as ns:
+        ns.add_tap("tap100", address="10.0.0.1/24")
+        argv = [sys.executable, "-m", "pyvmm", "--shm=event", "--net:service0=tap100"]
+        proc = ns.popen(
+            argv + [str(guest("ping"))],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 30
+        while not _stop_handled(proc.pid) and proc.poll() is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.0005)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 143, err
+        assert err.splitlines() == ["pyvmm: stopped by SIGTERM (Exiting on signal 15)"]
+        assert ns.pids() == []
+        again, _ = ns.start_pyvmm("--net:service0=tap100", guest("ping"))
+        again.terminate()
+        again.communicate(timeout=30)
+
+
+def _stop_handled(pid: int) -> bool:
+    import signal
+
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(line for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)))

@@ -1,0 +1,91 @@
+"""The sandbox (docs/security.md): a seccomp filter with no_new_privs on
+every thread once the guest runs; what it refuses is refused with EPERM;
+--no-sandbox turns it off; --user drops privileges after the devices are
+open."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from conftest import guest, popen_pyvmm, run_pyvmm
+
+pytestmark = pytest.mark.kvm
+
+
+def test_a_forbidden_call_is_refused_with_eperm_and_the_guest_runs_on():
+    result = run_pyvmm(guest("hello"), env=dict(os.environ, PYVMM_SANDBOX_SELFTEST="1"))
+    assert result.returncode == 0, result.stderr
+    assert "SUCCESS" in result.stdout
+    assert result.stderr.splitlines() == [
+        "pyvmm: sandbox self-test: socket: refused: Operation not permitted",
+        "pyvmm: sandbox self-test: execve: refused: Operation not permitted",
+        "pyvmm: sandbox self-test: open for writing: refused: Operation not permitted",
+    ]
+
+
+def test_without_the_sandbox_the_self_test_calls_go_through(tmp_path):
+    result = run_pyvmm(
+        "--no-sandbox", guest("hello"), env=dict(os.environ, PYVMM_SANDBOX_SELFTEST="1")
+    )
+    # No filter installed: no self-test either (it runs after the install).
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+def thread_status(pid: int) -> dict[str, tuple[str, str]]:
+    """Seccomp mode and NoNewPrivs of every thread, from /proc."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            text = f.read()
+        out[tid] = (
+            re.search(r"^Seccomp:\s+(\d+)", text, re.M).group(1),
+            re.search(r"^NoNewPrivs:\s+(\d+)", text, re.M).group(1),
+        )
+    return out
+
+
+@pytest.mark.parametrize("sandbox", [True, False], ids=["default", "no-sandbox"])
+def test_every_thread_is_filtered_once_the_guest_runs(sandbox):
+    # --stats=1s: the statistics threads exist before the filter goes on.
+    args = ["--stats=1s"] + ([] if sandbox else ["--no-sandbox"])
+    proc = popen_pyvmm(*args, guest("spin"))
+    try:
+        assert proc.stdout.readline() == "spinning\n"
+        deadline = time.monotonic() + 30
+        while True:
+            status = thread_status(proc.pid)
+            want = ("2", "1") if sandbox else ("0", "0")
+            if all(s == want for s in status.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        assert len(status) >= 3  # the vCPU thread and the statistics threads
+        assert all(s == want for s in status.values()), status
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, err
+
+
+def test_user_drops_privileges_after_opening_devices():
+    proc = popen_pyvmm("--user=nobody", guest("spin"))
+    try:
+        assert proc.stdout.readline() == "spinning\n"
+        with open(f"/proc/{proc.pid}/status") as f:
+            text = f.read()
+        uids = re.search(r"^Uid:\s+(.*)$", text, re.M).group(1).split()
+        assert set(uids) == {str(__import__("pwd").getpwnam("nobody").pw_uid)}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, err
+
+
+def test_an_unknown_user_is_one_line():
+    result = run_pyvmm("--user=no-such-user-pyvmm", guest("hello"))
+    assert result.returncode == 1
+    assert result.stderr == "pyvmm: --user: no user named 'no-such-user-pyvmm'\n"
