@@ -46,6 +46,7 @@ def rows(runs: int) -> list[tuple[str, list[str]]]:
         ("python3 -c pass", py + ["-c", "pass"]),
         ("pyvmm --version", pyvmm + ["--version"]),
         ("pyvmm hello.hvt", pyvmm + [str(GUESTS / "hello.hvt")]),
+        ("pyvmm --no-sandbox hello.hvt", pyvmm + ["--no-sandbox", str(GUESTS / "hello.hvt")]),
         ("pyvmm --mem=8 hello.hvt", pyvmm + ["--mem=8", str(GUESTS / "hello.hvt")]),
     ]
 

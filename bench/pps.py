@@ -124,6 +124,8 @@ class Tender:
                 argv += [f"--shm-slots={args.slots}"]
             if args.budget and shm == "hybrid":
                 argv += [f"--hybrid-budget={args.budget}"]
+            if args.no_sandbox:
+                argv += ["--no-sandbox"]
             if case.get("py"):
                 env = dict(os.environ, PYVMM_PY_HYPERCALLS="1")
             argv += [guest, *guest_args]
@@ -732,6 +734,7 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=0, help="offered datagrams/s (0: max)")
     parser.add_argument("--idle-ms", type=int, default=1500, help="udpsink's idle timeout")
     parser.add_argument("--pin", action="store_true", help="vCPU and sender on CPU 0, IO on 1")
+    parser.add_argument("--no-sandbox", action="store_true", help="pyvmm --no-sandbox")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--slots", type=int, default=0, help="--shm-slots (0: default)")
     parser.add_argument("--budget", type=int, default=0, help="--hybrid-budget in us (0: default)")
