@@ -13,6 +13,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 
 from pyvmm._native import ffi, lib
+from pyvmm.arch import host_arch
 from pyvmm.errors import HostError
 
 MODES = {"poll": lib.IO_MODE_POLL, "event": lib.IO_MODE_EVENT, "hybrid": lib.IO_MODE_HYBRID}
@@ -109,7 +110,8 @@ class IoService:
         self._stack = ExitStack()
         try:
             self.kick_fd = self._eventfd()
-            vm.add_ioeventfd(self.kick_fd, kick_port, 4, pio=True)
+            # The architecture's doorbell: a port on x86_64, MMIO on aarch64.
+            host_arch().add_doorbell(vm, self.kick_fd, kick_port)
             # wake: the IO thread wakes the vCPU blocked in the poll hypercall.
             self.wake_fd = self._eventfd() if wake else -1
             self.io = IoThread(config, self.kick_fd, self.wake_fd)
