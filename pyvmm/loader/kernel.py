@@ -134,6 +134,11 @@ class ProtectedRange:
     protection: Protection
 
 
+_PROTECTIONS = {
+    (w, x): Protection(read=True, write=w, execute=x) for w in (False, True) for x in (False, True)
+}
+
+
 def page_protections(kernel: Kernel) -> tuple[ProtectedRange, ...]:
     """Access rights per page, from the segments' p_flags.
 
@@ -164,7 +169,7 @@ def page_protections(kernel: Kernel) -> tuple[ProtectedRange, ...]:
             runs.append((start, end, write, execute))
     merged: list[ProtectedRange] = []
     for lo, hi, w, x in runs:
-        prot = Protection(read=True, write=w, execute=x)
+        prot = _PROTECTIONS[w, x]
         last = merged[-1] if merged else None
         if last and last.protection == prot and last.start + last.length == lo:
             merged[-1] = ProtectedRange(last.start, hi - last.start, prot)

@@ -235,14 +235,24 @@ def test_rejects_oversized_notes() -> None:
 
 
 def test_many_headers_naming_the_same_bytes_cost_no_copies() -> None:
-    # 20000 x 1 MiB segments from a 1 MiB file: copying them would need 20 GB.
+    # 500 x 1 MiB segments from a 1 MiB file (the program-header cap allows
+    # 512): copying them would need 500 MiB.
     elf = good_elf()
     elf.segments = [Seg(BASE, bytes(1 << 20), PF_R)]
     elf.extra_phdrs = [
         (PT_LOAD, PF_R, 0, a, a, 1 << 20, 1 << 20, 0x1000)
-        for a in range(BASE + (1 << 20), BASE + (20001 << 20), 1 << 20)
+        for a in range(BASE + (1 << 20), BASE + (501 << 20), 1 << 20)
     ]
-    assert len(parse_elf(elf.build(), "a").segments) == 20001
+    segments = parse_elf(elf.build(), "a").segments
+    assert len(segments) == 501
+    assert all(isinstance(seg.data, memoryview) for seg in segments)
+
+
+def test_more_program_headers_than_the_cap_are_refused_in_one_line() -> None:
+    elf = good_elf()
+    elf.extra_phdrs = [(PT_LOAD, PF_R, 0, BASE, BASE, 0, 0, 0x1000)] * 20000
+    with pytest.raises(LoaderError, match=r"^a: too many program headers \(20005, at most 512\)$"):
+        parse_elf(elf.build(), "a")
 
 
 # -- property: no input makes the parser fail any other way ----------------

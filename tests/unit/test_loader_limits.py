@@ -73,15 +73,15 @@ def _segments(specs):
 
 
 def test_the_protection_pass_is_linear_in_the_segments() -> None:
-    """65,000 segments straight to the pass (the cap aside): under 2 s
-    (the quadratic pass took minutes)."""
+    """65,000 segments straight to the pass (the cap aside): seconds at most
+    on a loaded machine, about 0.3 s idle (the quadratic pass took minutes)."""
     for step in (1, PAGE_SIZE):
         kernel = SimpleNamespace(
             segments=_segments((BASE + i * step, 1, FLAGS[i % 4]) for i in range(65000))
         )
         started = time.monotonic()
         runs = page_protections(kernel)
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 10
         assert runs[0].start == BASE
 
 
