@@ -141,6 +141,26 @@ int pyvmm_protect(uint64_t addr, uint64_t size, int prot)
     return mprotect((void *)(uintptr_t)addr, size, p) < 0 ? -errno : 0;
 }
 
+int pyvmm_map_file(uint64_t addr, uint64_t size, int fd, uint64_t offset)
+{
+    /* MAP_FIXED replaces part of pyvmm's own guest mapping (the caller
+     * checked the range); the pages stay those of the page cache, shared
+     * with every other process mapping the file, until someone writes one.
+     * Same rights as the anonymous mapping: protections come later. */
+    void *want = (void *)(uintptr_t)addr;
+    int err;
+
+    if (mmap(want, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, fd,
+             (off_t)offset) != MAP_FAILED)
+        return 0;
+    err = -errno;
+    /* A failed MAP_FIXED may have unmapped the range: never leave a hole. */
+    if (mmap(want, size, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_FIXED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) == MAP_FAILED)
+        return PYVMM_MAP_LOST;
+    return err;
+}
+
 int pyvmm_unmap(uint64_t addr, uint64_t size)
 {
     return munmap((void *)(uintptr_t)addr, size) < 0 ? -errno : 0;
@@ -278,4 +298,9 @@ long pyvmm_console_write(int fd, const void *buf, uint64_t len)
 int pyvmm_setns(int fd, int nstype)
 {
     return setns(fd, nstype) < 0 ? -errno : 0;
+}
+
+int pyvmm_unshare(int flags)
+{
+    return unshare(flags) < 0 ? -errno : 0;
 }

@@ -54,6 +54,11 @@ int pyvmm_wait_readable(const int *fds, int nfds, int64_t timeout_ns, uint64_t *
 /* mmap/mprotect/munmap of guest memory; return 0 / address or -errno. */
 int64_t pyvmm_map_anonymous(uint64_t size);
 int pyvmm_protect(uint64_t addr, uint64_t size, int prot);
+/* Map [offset, offset + size) of fd privately (copy-on-write) over the
+ * guest memory at addr: 0, or -errno with the range anonymous (zero)
+ * memory again, or PYVMM_MAP_LOST when even that failed (a hole). */
+int pyvmm_map_file(uint64_t addr, uint64_t size, int fd, uint64_t offset);
+#define PYVMM_MAP_LOST 1
 int pyvmm_unmap(uint64_t addr, uint64_t size);
 
 #define PYVMM_PROT_READ 1
@@ -83,4 +88,7 @@ long pyvmm_console_write(int fd, const void *buf, uint64_t len);
 
 /* setns(2) for the calling thread; 0 or -errno. */
 int pyvmm_setns(int fd, int nstype);
+
+/* unshare(2) for the calling process; 0 or -errno. */
+int pyvmm_unshare(int flags);
 #endif

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import ipaddress
 import os
 import signal
@@ -37,25 +36,15 @@ from typing import Any
 
 from pyroute2 import IPRoute, netns
 
+from pyvmm.netns import inside, setns
+
 # Processes started inside run from the repository root by default, so
 # ``python -m testkit.traffic`` and ``python -m pyvmm`` resolve there.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PREFIX = "pyvmm-test-"
 NETNS_DIR = "/var/run/netns"
-CLONE_NEWNET = 0x40000000
 # How long a started process gets to exit after SIGTERM before SIGKILL.
 TERM_GRACE = 2.0
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _setns(fd: int) -> None:
-    """Move the calling thread into the network namespace open at ``fd``
-    (setns(2) through libc: the kit needs nothing from pyvmm for this)."""
-    if _libc.setns(fd, CLONE_NEWNET) < 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"setns: {os.strerror(code)}")
 
 
 def _host_netns_inos() -> set[int]:
@@ -230,7 +219,7 @@ class NetNamespace:
         user_preexec: Callable[[], Any] | None = kwargs.pop("preexec_fn", None)
 
         def enter() -> None:
-            _setns(ns_fd)
+            setns(ns_fd)
             if user_preexec is not None:
                 user_preexec()
 
@@ -305,15 +294,8 @@ class NetNamespace:
         to the namespace after it ends.
         """
         self._require()
-        home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            _setns(self._fd)
-            try:
-                yield
-            finally:
-                _setns(home)
-        finally:
-            os.close(home)
+        with inside(self._fd):
+            yield
 
     def pids(self) -> list[int]:
         """Pids of every process whose network namespace is this one."""

@@ -18,61 +18,27 @@ namespace:
 
 ``teardown`` deletes the tap and the veth's ingress qdisc (with its filter).
 Everything goes through pyroute2 with the calling thread moved into the
-namespace by setns(2) (``inside``); pyroute2 is imported only here, so a
+namespace by setns(2) (pyvmm.netns); pyroute2 is imported only here, so a
 container without networking needs nothing beyond pyvmm.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import ipaddress
 import os
 import socket
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
-CLONE_NEWNET = 0x40000000
+from pyvmm.netns import inside_path as inside
+
 ETH_P_ALL = 0x0003
 INGRESS = 0xFFFF0000
-
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class NetworkError(Exception):
     """A network set-up the runtime cannot do (one line for the user)."""
-
-
-def _setns(fd: int) -> None:
-    if _libc.setns(fd, CLONE_NEWNET) < 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"setns: {os.strerror(code)}")
-
-
-def unshare_netns() -> None:
-    """Move this process into a new, empty network namespace."""
-    if _libc.unshare(CLONE_NEWNET) < 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"unshare: {os.strerror(code)}")
-
-
-@contextlib.contextmanager
-def inside(path: str) -> Iterator[None]:
-    """The ``with`` body runs with this thread in the namespace at ``path``."""
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        target = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            _setns(target)
-        finally:
-            os.close(target)
-        try:
-            yield
-        finally:
-            _setns(home)
-    finally:
-        os.close(home)
 
 
 @dataclass

@@ -174,9 +174,9 @@ def _child(fifo: str, argv: list[str], console: int | None, new_netns: bool) -> 
                 os.dup2(console, fd)
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         if new_netns:
-            from pyvmm.oci.network import unshare_netns
+            from pyvmm.netns import unshare
 
-            unshare_netns()
+            unshare()
         # Blocks until start opens the FIFO for reading.
         fd = os.open(fifo, os.O_WRONLY | os.O_CLOEXEC)
         os.write(fd, b"0")

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from pyvmm._native import ffi, lib
 from pyvmm.errors import DeviceError
 from pyvmm.fd import OwnedFd
+from pyvmm.netns import THREAD_NETNS, setns
 
 _T = TypeVar("_T")
 
@@ -53,8 +54,6 @@ IFF_TAP = 0x0002
 IFF_MULTI_QUEUE = 0x0100
 IFF_NO_PI = 0x1000
 IFF_VNET_HDR = 0x4000
-
-CLONE_NEWNET = 0x40000000
 
 # rtnetlink, for the one fact no ioctl reports (see _tun_link_data).
 RTM_NEWLINK = 16
@@ -390,7 +389,7 @@ def _missing_hint(name: str, raw: bytes) -> str:
         except OSError:
             continue
         try:
-            if os.fstat(ns_fd).st_ino == os.stat("/proc/thread-self/ns/net").st_ino:
+            if os.fstat(ns_fd).st_ino == os.stat(THREAD_NETNS).st_ino:
                 continue
             if _call_in_netns(ns_fd, lambda: _exists_here(raw)):
                 found.append(ns_name)
@@ -437,7 +436,7 @@ def _in_device_netns(tap_fd: int, fn: Callable[[], _T]) -> _T:
     except OSError:
         return fn()  # Kernel before 5.2: assume our own namespace.
     try:
-        if os.fstat(ns_fd).st_ino == os.stat("/proc/thread-self/ns/net").st_ino:
+        if os.fstat(ns_fd).st_ino == os.stat(THREAD_NETNS).st_ino:
             return fn()
         return _call_in_netns(ns_fd, fn)
     finally:
@@ -454,9 +453,7 @@ def _call_in_netns(ns_fd: int, fn: Callable[[], _T]) -> _T:
 
     def target() -> None:
         try:
-            err = lib.pyvmm_setns(ns_fd, CLONE_NEWNET)
-            if err:
-                raise OSError(-err, f"setns: {os.strerror(-err)}")
+            setns(ns_fd)
             box["value"] = fn()
         except BaseException as err:
             box["error"] = err
