@@ -13,6 +13,7 @@ import errno
 import fcntl
 import os
 import stat
+from collections.abc import Callable
 from typing import Any
 
 from pyvmm.errors import DeviceError
@@ -130,27 +131,25 @@ class BlockDevice(OwnedFd):
 
         Raises OSError on an I/O error or if the file shrank under us.
         """
-        view = _bytes_view(buf)
-        self._check(offset, len(view))
-        done = 0
-        while done < len(view):
-            n = os.preadv(self.fd, [view[done:]], offset + done)
-            if n == 0:
-                raise OSError(errno.EIO, f"unexpected end of file in {self.path}")
-            done += n
+        self._transfer(os.preadv, offset, buf, "unexpected end of file in")
 
     def write_from(self, offset: int, buf: Any) -> None:
         """Write all of ``buf`` (any readable buffer) to the disk at ``offset``.
 
         Raises OSError on an I/O error (ENOSPC on a sparse image, EIO, ...).
         """
+        self._transfer(os.pwritev, offset, buf, "no progress writing")
+
+    def _transfer(self, io: Callable[..., int], offset: int, buf: Any, stalled: str) -> None:
+        """All of ``buf`` through ``io`` (os.preadv or os.pwritev), resuming
+        after short transfers; EIO ("<stalled> <path>") if one moves nothing."""
         view = _bytes_view(buf)
         self._check(offset, len(view))
         done = 0
         while done < len(view):
-            n = os.pwritev(self.fd, [view[done:]], offset + done)
+            n = io(self.fd, [view[done:]], offset + done)
             if n == 0:
-                raise OSError(errno.EIO, f"no progress writing {self.path}")
+                raise OSError(errno.EIO, f"{stalled} {self.path}")
             done += n
 
     def __repr__(self) -> str:
