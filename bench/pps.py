@@ -19,6 +19,12 @@ and tx_dropped, read over netlink inside the namespace: a UDP sender cannot
 see those drops) and what the guest itself received and checked (udpsink
 checks every payload byte; a frame with a bad pattern is an error). Rows:
 
+- `process`, the baseline (--no-baseline to leave it out): the same
+  udpsink, udpsend and udpecho programs compiled unchanged as one plain
+  Linux process on the tap (bench/baseline.py, bench/csrc/hostrt.c: one
+  thread, one read or write per frame, no VM). Every other row's rate is
+  a `ratio` to it, taken per repeat (the rows of a repeat run back to
+  back), and so is its CPU per frame (`CPU ratio`);
 - pyvmm's modes with pyvmm's udpsink (--modes): `off` (one net_read
   hypercall, one exit, per frame, answered in C), `off-py` (the same
   answered by Python, PYVMM_PY_HYPERCALLS=1), `poll`, `event`, `hybrid`
@@ -43,16 +49,24 @@ full-ring and bad-index drops), lost % (datagrams offered that the guest
 did not count: refused, tap drops, ring drops), CPU % of the vCPU thread,
 the IO thread and the sender, over the traffic window (pyvmm's from its
 interval JSON counters, a peer's and the sender's from the kernel).
+`CPU us/fr`: the whole tender process's CPU time (every thread's run time
+from /proc/PID/task/*/schedstat, i.e. utime + stime in nanoseconds) over
+the traffic window, per frame the guest counted; `sender us/fr`: the
+sender's own, per datagram it sent.
 
 Transmit (--no-tx to skip): the udpsend guest sends --tx-count datagrams as
 fast as it can to a C receiver in the namespace (testkit.traffic --recv);
 rows give what the guest sent per second, what the tap took from the
-tender, what the host socket received, exits and CPU.
+tender, what the host socket received, exits and CPU; `CPU us/fr` is the
+tender's whole CPU time (wait4's rusage, less what it had used by "ready")
+per datagram sent.
 
 Latency (--no-latency to skip): udpecho answers --lat-count request/response
 round trips of 64 bytes, one outstanding, one every --lat-interval-us (low
 load), timed by the C client; median, p99, max, and the IO thread's CPU
-while doing it (hybrid's point: poll's latency at event's idle cost).
+while doing it (hybrid's point: poll's latency at event's idle cost);
+`tender %` is the whole tender's CPU over the round trips and `idle %` over
+--idle-seconds before them, with the guest waiting and no traffic.
 
 Every raw number goes to PREFIX.json, the chart to PREFIX.png (matplotlib;
 without it, the JSON only). Nothing leaves the namespaces, which are removed
@@ -79,6 +93,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import baseline  # noqa: E402
 from testkit.helpers import STATS_SCHEMA, guest_report  # noqa: E402
 from testkit.netns import NetNamespace  # noqa: E402
 
@@ -91,6 +106,9 @@ SHM_MODES = ("poll", "event", "hybrid")
 SOLO5_RING_GUEST = Path("/var/cache/pyvmm-solo5/bin/udpsink-solo5.hvt")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SNAPSHOT_INTERVAL = "100ms"
+# The row every other is a ratio to: the guest programs as one plain process
+# on the tap (bench/baseline.py).
+BASELINE = "process"
 
 
 # -- one run of one row -----------------------------------------------------------
@@ -129,6 +147,8 @@ class Tender:
             if case.get("py"):
                 env = dict(os.environ, PYVMM_PY_HYPERCALLS="1")
             argv += [guest, *guest_args]
+        elif case["tender"] == "process":
+            argv = [guest, "tap100", GUEST_MAC, *guest_args]
         else:
             argv = [
                 case["path"],
@@ -182,22 +202,45 @@ class Tender:
             time.sleep(0.02)
 
     def cpu(self) -> dict[str, float]:
-        """CPU seconds of the tender's process, per thread (by /proc)."""
+        """CPU seconds of the tender's process, per thread: the scheduler's
+        run time (/proc/PID/task/TID/schedstat, nanoseconds: utime + stime
+        without the clock tick's 10 ms granularity), else utime + stime."""
         out = {}
         task = f"/proc/{self.proc.pid}/task"
         with contextlib.suppress(OSError):
             for tid in os.listdir(task):
+                with contextlib.suppress(OSError, ValueError):
+                    with open(f"{task}/{tid}/schedstat") as f:
+                        out[tid] = int(f.read().split()[0]) / 1e9
+                    continue
                 with contextlib.suppress(OSError), open(f"{task}/{tid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
                     out[tid] = (int(fields[11]) + int(fields[12])) / CLK_TCK
         return out
 
+    def reap(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the process to end and keep its whole
+        CPU time (every thread's, from wait4's rusage) in ``self.total_cpu_s``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status, ru = os.wait4(self.proc.pid, os.WNOHANG)
+            if pid:
+                self.proc.returncode = os.waitstatus_to_exitcode(status)
+                self.total_cpu_s = ru.ru_utime + ru.ru_stime
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+
     def finish(self, timeout: float) -> tuple[str, str, bool]:
         """Wait for the guest's end (stop it after ``timeout``); its stdout,
         the tender's stderr, and whether it ended by itself."""
         ended = True
+        self.total_cpu_s = None
         try:
-            out, _ = self.proc.communicate(timeout=timeout)
+            if not self.reap(timeout):
+                raise subprocess.TimeoutExpired(self.proc.args, timeout)
+            out, _ = self.proc.communicate(timeout=5)
         except subprocess.TimeoutExpired:
             ended = False
             self.proc.terminate()
@@ -373,6 +416,10 @@ def summarize_rx(r: dict) -> dict:
         "ring_drops": ring_drops(r["stats"]),
         "lost": 100 * (1 - frames / max(offered, 1)),
         "sender_cpu": sent["cpu_s"] / window * 100,
+        # CPU per frame the receiving side counted: the whole tender process
+        # (every thread) and, separately, the sender per frame it sent.
+        "cpu_us_frame": sum(r["tender_cpu_s"].values()) / max(frames, 1) * 1e6,
+        "sender_us_frame": sent["cpu_s"] / max(sent["sent"], 1) * 1e6,
     }
     if w:
         s.update(
@@ -395,6 +442,8 @@ def run_tx(case: dict, args) -> dict:
     count = args.tx_count if case.get("shm") not in ("off", None) else args.tx_count // 10
     if case["tender"] == "peer":
         count = max(args.tx_count // args.peer_scale, 100)
+    elif case["tender"] == "process":
+        count = args.tx_count
     with tempfile.TemporaryDirectory(prefix="pyvmm-pps-") as tmp:
         ns = namespace_with_tap()
         try:
@@ -413,6 +462,7 @@ def run_tx(case: dict, args) -> dict:
             case = dict(case, guest=case["tx_guest"])
             tap_a = ns.link("tap100")["stats"]
             vm = Tender(ns, case, guest_args, args, tmp)
+            cpu_ready = sum(vm.cpu().values())
             a = vm.snapshot()
             t0 = time.monotonic()
             out, err, ended = vm.finish(timeout=args.tx_timeout)
@@ -431,6 +481,8 @@ def run_tx(case: dict, args) -> dict:
         "tap": {k: tap_b[k] - tap_a[k] for k in tap_b},
         "host": json.loads(got) if got.strip() else {},
         "window": window_counters(a, stats),
+        # From "ready" to the process's end: the whole tender, every thread.
+        "tender_cpu_s": None if vm.total_cpu_s is None else vm.total_cpu_s - cpu_ready,
         "wall_s": elapsed,
         "stats": stats,
     }
@@ -451,6 +503,9 @@ def summarize_tx(r: dict) -> dict:
         "sent": sent,
         "errors": host.get("pattern_errors", 0),
         "lost": 100 * (1 - host.get("received", 0) / max(sent, 1)) if guest else None,
+        "cpu_us_frame": None
+        if r.get("tender_cpu_s") is None or not sent
+        else r["tender_cpu_s"] / sent * 1e6,
     }
     if w:
         s.update(
@@ -471,8 +526,14 @@ def run_latency(case: dict, args) -> dict:
         try:
             case = dict(case, guest=case["lat_guest"])
             vm = Tender(ns, case, [GUEST_IP, str(PORT)], args, tmp)
+            # Idle first: the whole tender's CPU while the guest waits for
+            # a request that does not come (hybrid must cost next to nothing).
+            time.sleep(0.2)
+            idle_a, t_idle = vm.cpu(), time.monotonic()
+            time.sleep(args.idle_seconds)
+            idle_b, t_idle = vm.cpu(), time.monotonic() - t_idle
             a = vm.snapshot()
-            cpu_a = vm.cpu()
+            cpu_a, t_busy = vm.cpu(), time.monotonic()
             n = args.lat_count
             if case["tender"] == "peer":
                 n = max(n // args.peer_scale, 20)
@@ -485,7 +546,7 @@ def run_latency(case: dict, args) -> dict:
                 timeout=n * (args.lat_interval_us / 1e6 + 0.2) + 60,
                 preexec_fn=niced(args.nice),
             )
-            cpu_b = vm.cpu()
+            cpu_b, t_busy = vm.cpu(), time.monotonic() - t_busy
             b = vm.snapshot(newer_than=(a or {}).get("seconds", 0) + 0.05)
             vm.finish(timeout=0.1)
         finally:
@@ -496,6 +557,9 @@ def run_latency(case: dict, args) -> dict:
     return {
         "case": case_json(case),
         "rtt_us": rtt["rtt_us"],
+        "idle_cpu_s": sum(idle_b.values()) - sum(idle_a.values()),
+        "idle_s": t_idle,
+        "busy_s": t_busy,
         "window": window_counters(a, b),
         "tender_cpu_s": {t: cpu_b.get(t, 0) - cpu_a.get(t, 0) for t in cpu_b},
     }
@@ -511,6 +575,8 @@ def summarize_latency(r: dict) -> dict:
         "median_us": float(np.median(rtt)) if len(rtt) else None,
         "p99_us": float(np.percentile(rtt, 99)) if len(rtt) else None,
         "max_us": float(rtt.max()) if len(rtt) else None,
+        "idle_cpu": 100 * r["idle_cpu_s"] / max(r["idle_s"], 1e-6),
+        "busy_cpu": 100 * sum(r["tender_cpu_s"].values()) / max(r["busy_s"], 1e-6),
     }
     if w:
         s.update(
@@ -530,6 +596,16 @@ def case_json(case: dict) -> dict:
 
 def cases(args) -> list[dict]:
     rows = []
+    if not args.no_baseline:
+        rows.append(
+            {
+                "label": BASELINE,
+                "tender": "process",
+                "guest": baseline.build("udpsink"),
+                "tx_guest": baseline.build("udpsend"),
+                "lat_guest": baseline.build("udpecho"),
+            }
+        )
     for cpl in args.cpl.split(","):
         suffix = "" if cpl == "auto" else f"/{cpl}"
         for mode in filter(None, args.modes.split(",")):
@@ -595,6 +671,22 @@ def aggregate(summaries: list[dict]) -> dict:
     return out
 
 
+def add_ratios(summaries: dict[str, list[dict]], key: str) -> None:
+    """Each run's ``key`` over the baseline process's in the same repeat
+    (rows run interleaved, so a repeat's rows saw the same machine), as
+    ``ratio``; per-frame CPU likewise as ``cpu_ratio``."""
+    base = summaries.get(BASELINE)
+    if not base:
+        return
+    for runs in summaries.values():
+        for i, s in enumerate(runs):
+            b = base[min(i, len(base) - 1)]
+            if s.get(key) is not None and b.get(key):
+                s["ratio"] = s[key] / b[key]
+            if s.get("cpu_us_frame") is not None and b.get("cpu_us_frame"):
+                s["cpu_ratio"] = s["cpu_us_frame"] / b["cpu_us_frame"]
+
+
 def fmt(v, spec: str, width: int) -> str:
     return f"{'-':>{width}}" if v is None else f"{v:>{width}{spec}}"
 
@@ -605,6 +697,10 @@ RX_COLUMNS = [  # (header, key, format)
     ("tap drop/s", "tap_drops", ".0f"),
     ("rx pps", "received", ".0f"),
     ("rx ±%", "received_pct", ".1f"),
+    ("ratio", "ratio", ".2f"),
+    ("CPU us/fr", "cpu_us_frame", ".2f"),
+    ("CPU ratio", "cpu_ratio", ".2f"),
+    ("sender us/fr", "sender_us_frame", ".2f"),
     ("frames", "frames", ".0f"),
     ("errors", "errors", ".0f"),
     ("KVM exits/s", "kvm_exits_s", ".0f"),
@@ -619,6 +715,9 @@ RX_COLUMNS = [  # (header, key, format)
 ]
 TX_COLUMNS = [
     ("guest tx pps", "guest_pps", ".0f"),
+    ("ratio", "ratio", ".2f"),
+    ("CPU us/fr", "cpu_us_frame", ".2f"),
+    ("CPU ratio", "cpu_ratio", ".2f"),
     ("tap pps", "tap_pps", ".0f"),
     ("host rx pps", "host_pps", ".0f"),
     ("sent", "sent", ".0f"),
@@ -639,6 +738,8 @@ LAT_COLUMNS = [
     ("KVM exits/s", "kvm_exits_s", ".0f"),
     ("vCPU %", "vcpu_cpu", ".0f"),
     ("IO %", "io_cpu", ".0f"),
+    ("tender %", "busy_cpu", ".1f"),
+    ("idle %", "idle_cpu", ".2f"),
     ("runs", "repeats", ".0f"),
 ]
 
@@ -736,6 +837,11 @@ def main() -> int:
     parser.add_argument("--pin", action="store_true", help="vCPU and sender on CPU 0, IO on 1")
     parser.add_argument("--no-sandbox", action="store_true", help="pyvmm --no-sandbox")
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help=f"no `{BASELINE}` row (the guest programs as a plain process on the tap)",
+    )
     parser.add_argument("--slots", type=int, default=0, help="--shm-slots (0: default)")
     parser.add_argument("--budget", type=int, default=0, help="--hybrid-budget in us (0: default)")
     parser.add_argument("--guest", type=Path, default=GUEST, help="receiving program")
@@ -776,6 +882,9 @@ def main() -> int:
     parser.add_argument("--no-latency", action="store_true", help="skip the latency table")
     parser.add_argument("--lat-count", type=int, default=2000)
     parser.add_argument("--lat-interval-us", type=int, default=1000)
+    parser.add_argument(
+        "--idle-seconds", type=float, default=2.0, help="latency rows: idle CPU window first"
+    )
     parser.add_argument("--out", default="/tmp/pyvmm-pps", help="PREFIX for .json and .png")
     parser.add_argument("--no-chart", action="store_true", help="JSON only, no PNG")
     parser.add_argument("--quick", action="store_true", help="short runs, under a minute")
@@ -787,6 +896,7 @@ def main() -> int:
         args.idle_ms = min(args.idle_ms, 300)
         args.tx_count = min(args.tx_count, 30000)
         args.lat_count = min(args.lat_count, 100)
+        args.idle_seconds = min(args.idle_seconds, 0.5)
         args.ring_modes = "event" if args.ring_modes == ",".join(SHM_MODES) else args.ring_modes
     args.ring_guest = Path(args.ring_guest) if args.ring_guest else None
     rows = cases(args)
@@ -808,7 +918,9 @@ def main() -> int:
     raw: dict = {"machine": host, "args": {k: str(v) for k, v in vars(args).items()}}
     raw["started"] = time.strftime("%Y-%m-%dT%H:%M:%S")
 
-    def repeated(kind: str, run, summarize, selected: list[dict]) -> list[dict]:
+    def repeated(
+        kind: str, run, summarize, selected: list[dict], ratio_of: str | None = None
+    ) -> list[dict]:
         runs: dict[str, list] = {r["label"]: [] for r in selected}
         for _ in range(args.repeat):
             for case in selected:
@@ -817,10 +929,13 @@ def main() -> int:
                 except RuntimeError as err:
                     print(f"# {case['label']}: {err}", file=sys.stderr)
         raw[kind] = runs
-        return [aggregate([summarize(x) for x in got]) for got in runs.values() if got]
+        summaries = {label: [summarize(x) for x in got] for label, got in runs.items() if got}
+        if ratio_of:
+            add_ratios(summaries, ratio_of)
+        return [aggregate(each) for each in summaries.values()]
 
     print("\n## receive")
-    rx = repeated("rx", run_rx, summarize_rx, rows)
+    rx = repeated("rx", run_rx, summarize_rx, rows, ratio_of="received")
     for r in rx:
         med = r.get("received") or 0
         r["received_pct"] = 100 * (r.get("received_spread") or 0) / med if med else None
@@ -839,7 +954,7 @@ def main() -> int:
     tx = []
     if not args.no_tx and tx_rows:
         print("\n## transmit")
-        tx = repeated("tx", run_tx, summarize_tx, tx_rows)
+        tx = repeated("tx", run_tx, summarize_tx, tx_rows, ratio_of="guest_pps")
         print_table(tx, TX_COLUMNS)
     lat = []
     if not args.no_latency and tx_rows:

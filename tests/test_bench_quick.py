@@ -33,14 +33,16 @@ def test_pps_quick_writes_json(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     raw = json.loads(prefix.with_suffix(".json").read_text())
     (run,) = raw["rx"]["poll"]
-    rx = raw["summary"]["rx"][0]
-    assert rx["mode"] == "poll"
+    base, rx = raw["summary"]["rx"]
+    assert (base["mode"], rx["mode"]) == ("process", "poll")
     # Every frame the guest counted passed the tap, and the sender sent it.
     assert 0 < rx["frames"] <= run["tap"]["tx_packets"] <= run["sent"]["sent"]
-    assert rx["errors"] == 0
+    assert rx["errors"] == 0 and base["errors"] == 0 and base["frames"] > 0
     assert "kvm_exits_s" in rx and "io_cpu" in rx
-    (tx,) = raw["summary"]["tx"]
-    assert tx["sent"] == 2000 and tx["errors"] == 0
-    (lat,) = raw["summary"]["latency"]
-    assert lat["answered"] + lat["lost"] == 20 and lat["median_us"] > 0
+    # Every row is a ratio to the baseline process of the same repeat.
+    assert base["ratio"] == 1.0 and rx["ratio"] > 0 and rx["cpu_us_frame"] > 0
+    for tx in raw["summary"]["tx"]:
+        assert tx["sent"] == 2000 and tx["errors"] == 0 and tx["cpu_us_frame"] > 0
+    for lat in raw["summary"]["latency"]:
+        assert lat["answered"] + lat["lost"] == 20 and lat["median_us"] > 0
     assert "## receive" in done.stdout and "## latency" in done.stdout
