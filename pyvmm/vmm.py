@@ -51,7 +51,9 @@ class Stopped(PyvmmError):
 class Vmm:
     """A prepared guest: call ``run()`` once; use as a context manager."""
 
-    def __init__(self, config: VmConfig) -> None:
+    def __init__(self, config: VmConfig, plan: Plan | None = None) -> None:
+        """``plan``: one made already from ``config`` (the launcher plans
+        before it forks, pyvmm/serve); by default it is made here."""
         self.config = config
         self.stack = ExitStack()
         self.exits = ExitCounters()
@@ -69,7 +71,7 @@ class Vmm:
         self.running = threading.Event()
         self.running_lock = threading.Lock()
         try:
-            self.plan = make_plan(
+            self.plan = plan or make_plan(
                 config, machine=platform.machine(), flavour=kvm_flavour(), load=load_kernel
             )
             self._bring_up(self.plan)
