@@ -56,6 +56,21 @@ def guest_report(stdout: str) -> dict[str, str]:
     return report
 
 
+def check_bad_call(result: subprocess.CompletedProcess, status: int, words: str) -> None:
+    """How pyvmm answers a guest's bad hypercall (guests/badcall, badblock):
+    a non-zero ``status`` is a stop with one ``pyvmm: guest fault`` line
+    saying ``words``; zero means the guest got an error code back, printed
+    ``words`` and went on to SUCCESS. Never a traceback, never FAILURE."""
+    assert result.returncode == status, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and "FAILURE" not in result.stdout
+    if status:
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("pyvmm: guest fault"), result.stderr
+        assert words in lines[0], lines[0]
+    else:
+        assert words in result.stdout.splitlines() and "SUCCESS" in result.stdout
+
+
 # -- the network -----------------------------------------------------------------
 
 

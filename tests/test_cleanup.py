@@ -12,6 +12,7 @@ from conftest import guest
 from pyvmm.config import VmConfig
 from pyvmm.errors import PyvmmError
 from pyvmm.vmm import Vmm
+from testkit import helpers
 from testkit.netns import NetNamespace
 
 pytestmark = [
@@ -298,7 +299,7 @@ def test_a_stop_signal_at_any_moment_of_a_net_run_ends_it_cleanly(delay):
             text=True,
         )
         deadline = time.monotonic() + 30
-        while not _stop_handled(proc.pid) and proc.poll() is None:
+        while not helpers.handles_stop_signals(proc.pid) and proc.poll() is None:
             assert time.monotonic() < deadline
             time.sleep(0.0005)
         time.sleep(delay)
@@ -310,14 +311,3 @@ def test_a_stop_signal_at_any_moment_of_a_net_run_ends_it_cleanly(delay):
         again, _ = ns.start_pyvmm("--net:service0=tap100", guest("ping"))
         again.terminate()
         again.communicate(timeout=30)
-
-
-def _stop_handled(pid: int) -> bool:
-    import signal
-
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            caught = next(line for line in f if line.startswith("SigCgt:"))
-    except (OSError, StopIteration):
-        return False
-    return bool(int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)))

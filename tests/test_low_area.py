@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import engine_env, guest, run_pyvmm
+from testkit.helpers import check_bad_call
 from testkit.netns import NetNamespace
 
 pytestmark = [pytest.mark.kvm, pytest.mark.parametrize("engine", ["c", "python"])]
@@ -39,18 +40,6 @@ LOW = {
 }
 
 
-def check(result, expected) -> None:
-    status, words = expected
-    assert result.returncode == status, result.stdout + result.stderr
-    assert "Traceback" not in result.stderr and "FAILURE" not in result.stdout
-    if status:
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("pyvmm: guest fault"), result.stderr
-        assert words in lines[0], lines[0]
-    else:
-        assert words in result.stdout.splitlines() and "SUCCESS" in result.stdout
-
-
 @pytest.mark.netns
 @pytest.mark.parametrize("case", sorted(c for g, c in LOW if g == "badcall"))
 def test_net_and_clock_hypercalls_into_the_low_area(case, engine):
@@ -59,7 +48,7 @@ def test_net_and_clock_hypercalls_into_the_low_area(case, engine):
         result = ns.run_pyvmm(
             "--shm=off", "--net=tap100", guest("badcall"), case, env=engine_env(engine)
         )
-    check(result, LOW["badcall", case])
+    check_bad_call(result, *LOW["badcall", case])
 
 
 @pytest.mark.parametrize("case", sorted(c for g, c in LOW if g == "badblock"))
@@ -67,6 +56,6 @@ def test_block_hypercalls_into_the_low_area(case, engine, tmp_path):
     disk = tmp_path / "disk.img"
     disk.write_bytes(b"\xcc" * 4096)
     result = run_pyvmm(f"--block:storage={disk}", guest("badblock"), case, env=engine_env(engine))
-    check(result, LOW["badblock", case])
+    check_bad_call(result, *LOW["badblock", case])
     if case == "write_low":
         assert disk.read_bytes()[:512] != b"\xcc" * 512  # the boot info went out
