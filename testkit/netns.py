@@ -145,8 +145,13 @@ class NetNamespace:
         address: str | None = "10.0.0.1/24",
         mtu: int | None = None,
         up: bool = True,
+        txqlen: int | None = None,
     ) -> int:
         """Create a persistent tap (IFF_NO_PI) in the namespace; its ifindex.
+
+        ``txqlen`` sizes the queue of frames waiting for the tap's reader
+        (pyvmm): the kernel drops what does not fit while the reader is off
+        the CPU.
 
         pyroute2 does TUNSETIFF + TUNSETPERSIST in a child that entered the
         namespace, so the tap is born inside it.
@@ -156,6 +161,8 @@ class NetNamespace:
             index = ipr.link_lookup(ifname=name)[0]
             if mtu is not None:
                 ipr.link("set", index=index, mtu=mtu)
+            if txqlen is not None:
+                ipr.link("set", index=index, txqlen=txqlen)
             if address is not None:
                 iface = ipaddress.ip_interface(address)
                 ipr.addr(

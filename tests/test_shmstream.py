@@ -47,13 +47,13 @@ class Guest:
 
 
 @contextmanager
-def namespace() -> Iterator[NetNamespace]:
+def namespace(txqlen: int | None = None) -> Iterator[NetNamespace]:
     """A namespace with tap100; no IPv6 in it, so the only frames on the
     tap are the test's (exact frame counts)."""
     with NetNamespace() as ns:
         ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")
         ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
-        ns.add_tap("tap100", address="10.0.0.1/24")
+        ns.add_tap("tap100", address="10.0.0.1/24", txqlen=txqlen)
         yield ns
 
 
@@ -101,7 +101,10 @@ def test_flood_is_received_intact(mode):
     # The hypercall path tops out near 14k frames/s here (one exit each):
     # offer it a rate it can take even on a loaded machine.
     count, rate = (6000, 3000) if mode == "off" else (20000, 10000)
-    with namespace() as ns:
+    # The tap's queue holds the whole flood: a reader off the CPU for a
+    # while (2 cores shared by the sender, the vCPU, a polling IO thread
+    # and whatever else runs) delays frames instead of losing them.
+    with namespace(txqlen=count) as ns:
         ns.run(
             ["ip", "neigh", "replace", GUEST_IP, "lladdr", GUEST_MAC, "dev", "tap100"], check=True
         )
@@ -133,13 +136,9 @@ def test_flood_is_received_intact(mode):
     assert int(lines["pattern_errors"]) == 0
     assert int(lines["out_of_order"]) == 0
     assert int(lines["bytes"]) == frames * 1300
-    # Loss is allowed: the tap's queue drops whatever the reader cannot take
-    # while the CPU is elsewhere, and on 2 cores shared by the sender, the
-    # vCPU, a polling IO thread and anything else running, that was 11%
-    # under load in CI. How much gets through is bench/pps.py's question
-    # (no speed in tests); this bound only catches a path that loses most
-    # frames. Where each lost frame went is checked exactly below.
-    assert frames >= count * 0.5, lines
+    # Loss is allowed (a full ring drops, counted, while the guest is off
+    # the CPU), but only a little at these rates.
+    assert frames >= count * 0.9, lines
     # Every frame that left the tap's queue was pyvmm's to read: the tap
     # dropped the others itself.
     assert tap["tx_packets"] + tap["tx_dropped"] == count, tap
