@@ -161,6 +161,11 @@ int pyvmm_map_file(uint64_t addr, uint64_t size, int fd, uint64_t offset)
     return err;
 }
 
+int pyvmm_discard(uint64_t addr, uint64_t size)
+{
+    return madvise((void *)(uintptr_t)addr, size, MADV_DONTNEED) < 0 ? -errno : 0;
+}
+
 int pyvmm_unmap(uint64_t addr, uint64_t size)
 {
     return munmap((void *)(uintptr_t)addr, size) < 0 ? -errno : 0;

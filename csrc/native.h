@@ -59,6 +59,9 @@ int pyvmm_protect(uint64_t addr, uint64_t size, int prot);
  * memory again, or PYVMM_MAP_LOST when even that failed (a hole). */
 int pyvmm_map_file(uint64_t addr, uint64_t size, int fd, uint64_t offset);
 #define PYVMM_MAP_LOST 1
+/* Drop the anonymous pages at [addr, addr + size): they read as zero again
+ * without being resident. */
+int pyvmm_discard(uint64_t addr, uint64_t size);
 int pyvmm_unmap(uint64_t addr, uint64_t size);
 
 #define PYVMM_PROT_READ 1

@@ -167,6 +167,41 @@ class GuestMemory:
         ptr = self._checked(gpa, len(data), lib.PYVMM_GM_SETUP, what)
         ffi.buffer(ptr, len(data))[:] = data
 
+    def zero(self, gpa: int, length: int, *, what: str = "zero-fill") -> None:
+        """A set-up write of ``length`` zero bytes at ``gpa`` that leaves whole
+        pages non-resident (dropped, so they read as zero): a large .bss
+        costs nothing until the guest touches it. Only for anonymous
+        pages: a dropped page of a file mapping reads as the file again."""
+        self._checked(gpa, length, lib.PYVMM_GM_SETUP, what)
+        first = -(-gpa // PAGE_SIZE) * PAGE_SIZE
+        last = (gpa + length) // PAGE_SIZE * PAGE_SIZE
+        if last <= first:
+            self.write(gpa, bytes(length), what=what)
+            return
+        self.write(gpa, bytes(first - gpa), what=what)
+        err = lib.pyvmm_discard(self.host_addr + first, last - first)
+        if err:
+            raise HostError(f"madvise of guest memory failed: {_strerror(-err)}")
+        self.write(last, bytes(gpa + length - last), what=what)
+
+    def map_file(self, gpa: int, length: int, fd: int, offset: int) -> int:
+        """Map ``length`` bytes of ``fd`` at ``offset`` privately (copy-on-write)
+        over the whole pages at ``gpa``: set-up only, as ``write()``.
+
+        Returns 0, or the errno of a mapping the kernel refused, the range
+        then being zero-filled anonymous memory again (the caller copies
+        instead). Guest writes, host set-up writes and protections work
+        on the result as on anonymous memory; only unwritten pages stay
+        shared with the page cache (docs/architecture.md).
+        """
+        if gpa % PAGE_SIZE or length % PAGE_SIZE or offset % PAGE_SIZE or length == 0:
+            raise ValueError("map_file() takes whole pages")
+        self._checked(gpa, length, lib.PYVMM_GM_SETUP, "image mapping")
+        err = lib.pyvmm_map_file(self.host_addr + gpa, length, fd, offset)
+        if err == lib.PYVMM_MAP_LOST:
+            raise HostError(f"guest memory at {gpa:#x}+{length:#x} lost while mapping the image")
+        return -err
+
     def protect(self, gpa: int, length: int, prot: Protection) -> None:
         """Set host (and so guest) access rights of whole pages."""
         self.protect_all([(gpa, length, prot)])

@@ -17,6 +17,7 @@ from pyvmm.errors import LoaderError
 from pyvmm.loader.elf import ElfImage, Segment, parse_elf
 from pyvmm.loader.manifest import Manifest
 from pyvmm.loader.notes import AbiInfo, Capabilities, read_abi, read_capabilities
+from pyvmm.loader.sharing import FileIdentity, map_image
 from pyvmm.memory import GuestMemory, Protection
 from pyvmm.sizes import GUEST_MEMORY_LIMIT, MEM_GRANULE, MIB, PAGE_SIZE
 
@@ -36,6 +37,8 @@ class Kernel:
     manifest: Manifest
     kernel_end: int
     capabilities: Capabilities = Capabilities()
+    # The file as it was read: place() maps its pages only if it still is.
+    file: FileIdentity | None = None
 
     @property
     def entry(self) -> int:
@@ -87,7 +90,7 @@ def load_kernel(path: str, host_machine: str, *, legacy_abi: bool = False) -> Ke
     ``host_machine`` is ``platform.machine()`` spelling: "x86_64" or "aarch64".
     ``legacy_abi`` also accepts hvt ABI version 1 (see notes.read_abi).
     """
-    data = _read_file(path)
+    data, identity = _read_image(path)
     image = parse_elf(data, path)
     if image.machine != host_machine:
         raise LoaderError(f"{path}: built for {image.machine}, this host runs {host_machine}")
@@ -101,10 +104,16 @@ def load_kernel(path: str, host_machine: str, *, legacy_abi: bool = False) -> Ke
         manifest=manifest,
         kernel_end=kernel_end,
         capabilities=read_capabilities(image),
+        file=identity,
     )
 
 
 def _read_file(path: str) -> bytes:
+    return _read_image(path)[0]
+
+
+def _read_image(path: str) -> tuple[bytes, FileIdentity | None]:
+    """The file's bytes, and its identity if it did not change while read."""
     try:
         # A FIFO would block the open itself, a device node could act on
         # being opened: only regular files are opened (and checked again).
@@ -120,7 +129,11 @@ def _read_file(path: str) -> bytes:
                 raise LoaderError(
                     f"{path}: file is {st.st_size // MIB} MiB, too large for guest memory"
                 )
-            return f.read()
+            data = f.read()
+            # Unchanged size and times after the read: what was read is
+            # what a later mapping of this file gives (sharing.map_image).
+            identity = FileIdentity.of(os.fstat(f.fileno()))
+            return data, identity if identity == FileIdentity.of(st) else None
     except OSError as e:
         raise LoaderError(f"{path}: Could not open: {e.strerror or e}") from None
 
@@ -178,21 +191,33 @@ def page_protections(kernel: Kernel) -> tuple[ProtectedRange, ...]:
     return tuple(merged)
 
 
-_ZERO_CHUNK = memoryview(bytes(MIB))
-
-
 def place(kernel: Kernel, memory: GuestMemory) -> None:
-    """Copy the segments into guest memory, zero-fill, then apply protections.
+    """Put the segments in guest memory, then apply protections.
 
-    Protections come last because the host writes through the same mapping
-    that becomes read-only.
+    Whole file pages are mapped from the file, shared copy-on-write with
+    every other guest of the image (sharing.py); the rest of each
+    segment's file bytes is copied. The zero-fill up to p_memsz leaves
+    whole pages non-resident (``GuestMemory.zero``; they are anonymous:
+    a mapped run never reaches past p_filesz). Protections come last
+    because the host writes through the same mapping that becomes
+    read-only.
     """
     kernel.check_fits(memory.size)
+    mapped = {run.gpa: run for run in map_image(kernel.path, kernel.file, kernel.segments, memory)}
     for seg in kernel.segments:
-        memory.write(seg.paddr, seg.data, what="kernel load")
-        at, end = seg.paddr + seg.filesz, seg.end
-        while at < end:
-            n = min(end - at, len(_ZERO_CHUNK))
-            memory.write(at, _ZERO_CHUNK[:n], what="kernel load")
-            at += n
+        file_end = seg.paddr + seg.filesz
+        # A segment's run starts at its first whole page (sharing.file_runs).
+        run = mapped.get(-(-seg.paddr // PAGE_SIZE) * PAGE_SIZE)
+        if run and run.gpa + run.length > file_end:
+            run = None  # a later segment's run: this one has none
+        pieces = (
+            [(seg.paddr, run.gpa), (run.gpa + run.length, file_end)]
+            if run
+            else [(seg.paddr, file_end)]
+        )
+        for lo, hi in pieces:
+            if hi > lo:
+                memory.write(lo, seg.data[lo - seg.paddr : hi - seg.paddr], what="kernel load")
+        if seg.end > file_end:
+            memory.zero(file_end, seg.end - file_end, what="kernel load")
     memory.protect_all((run.start, run.length, run.protection) for run in page_protections(kernel))

@@ -1,0 +1,146 @@
+"""Image pages shared between guests of the same unikernel file.
+
+Instead of copying a segment into anonymous memory, the loader maps the
+file's whole pages privately (``MAP_PRIVATE | MAP_FIXED``, copy-on-write)
+over the right part of guest memory: N guests of one image then hold one
+copy of its text and read-only data, the page cache's. A guest writing a
+page (its data) gets a private copy; the file never changes.
+
+Two rules, each written once here:
+
+- which bytes can be mapped (``file_runs``): for each segment, the whole
+  pages of its file bytes [p_paddr, p_paddr + p_filesz), when p_offset and
+  p_paddr are congruent modulo the page size (else a file page does not
+  land on a guest page, and the segment is copied). The partial pages at
+  either end (a page shared with a neighbouring segment, the last file
+  page whose tail is the zero-filled .bss start) are copied as before, so
+  they hold exactly what copying would give; they are one or two private
+  pages per segment;
+- which files can be mapped (``refusal``): a page not yet written by the
+  guest is the page cache's, so a later write to the file reaches the
+  guest (and a truncation turns the page into a SIGBUS). Only a file that
+  nobody but root and the user pyvmm runs as can write is mapped: they can
+  change the guest's memory through /proc/PID/mem or ptrace anyway, so
+  the mapping gives nobody a new power. Anything else is copied
+  (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from pyvmm.loader.elf import Segment
+from pyvmm.log import log
+from pyvmm.memory import GuestMemory
+from pyvmm.sizes import PAGE_SIZE
+
+# PYVMM_IMAGE_SHARING=0 copies every image (a network file system whose
+# other clients may write the file, or a before/after measurement).
+ENV_SWITCH = "PYVMM_IMAGE_SHARING"
+_ACL_XATTR = "system.posix_acl_access"
+
+
+class FileIdentity(NamedTuple):
+    """What says a file is still the one that was read and checked."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileIdentity:
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class FileRun(NamedTuple):
+    """Whole pages of the file at ``offset`` that become guest pages at ``gpa``."""
+
+    gpa: int
+    offset: int
+    length: int
+
+
+def file_runs(segments: Iterable[Segment]) -> tuple[FileRun, ...]:
+    """The whole file pages each segment can map, at most one run per segment.
+
+    Segments do not overlap in guest memory (parse_elf), so a page wholly
+    inside one segment's file bytes holds nothing of another's; a page two
+    segments share is partial for both and never mapped.
+    """
+    runs = []
+    for seg in segments:
+        if (seg.offset - seg.paddr) % PAGE_SIZE:
+            continue  # file pages and guest pages do not line up: copied
+        start = -(-seg.paddr // PAGE_SIZE) * PAGE_SIZE
+        end = (seg.paddr + seg.filesz) // PAGE_SIZE * PAGE_SIZE
+        if end > start:
+            runs.append(FileRun(start, seg.offset + (start - seg.paddr), end - start))
+    return tuple(runs)
+
+
+def refusal(st: os.stat_result, fd: int, *, euid: int, noexec: bool) -> str | None:
+    """Why the file open as ``fd`` must be copied rather than mapped, or None."""
+    if os.environ.get(ENV_SWITCH) == "0":
+        return f"{ENV_SWITCH}=0"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid not in (0, euid):
+        return f"owned by uid {st.st_uid}, who could rewrite it under the guest"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return "writable by group or others, who could rewrite it under the guest"
+    try:
+        os.getxattr(fd, _ACL_XATTR)
+        return "an access ACL may let others rewrite it under the guest"
+    except OSError:
+        pass  # no ACL (ENODATA) or none possible (EOPNOTSUPP)
+    if noexec:
+        # Text mapped from a noexec mount cannot be made executable on the host.
+        return "on a noexec mount"
+    return None
+
+
+def map_image(
+    path: str, identity: FileIdentity | None, segments: tuple[Segment, ...], memory: GuestMemory
+) -> tuple[FileRun, ...]:
+    """Map what ``file_runs`` allows of ``path`` over guest memory; the runs
+    mapped (none, with the reason logged, when the file must be copied)."""
+    runs = file_runs(segments)
+    if not runs or identity is None:
+        return ()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        log.info("image %s copied: cannot reopen it (%s)", path, e.strerror)
+        return ()
+    try:
+        st = os.fstat(fd)
+        if FileIdentity.of(st) != identity:
+            why: str | None = "it changed since it was read"
+        else:
+            noexec = bool(os.fstatvfs(fd).f_flag & os.ST_NOEXEC) and any(
+                seg.executable for seg in segments
+            )
+            why = refusal(st, fd, euid=os.geteuid(), noexec=noexec)
+        if why is not None:
+            log.info("image %s copied, not shared: %s", path, why)
+            return ()
+        mapped = []
+        for run in runs:
+            err = memory.map_file(run.gpa, run.length, fd, run.offset)
+            if err:
+                log.info("image %s: pages at %#x copied: mmap: %s", path, run.gpa, os.strerror(err))
+            else:
+                mapped.append(run)
+        log.info(
+            "image %s: %d KiB shared from the page cache (copy-on-write)",
+            path,
+            sum(r.length for r in mapped) // 1024,
+        )
+        return tuple(mapped)
+    finally:
+        os.close(fd)
