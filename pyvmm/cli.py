@@ -634,6 +634,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     try:
         _standard_fds()
+        if argv[:1] in (["serve"], ["run"]):  # the warm launcher and its client
+            from pyvmm.serve import main as serve_main
+
+            return serve_main(argv)
         cmd = parse_command(argv)
         if cmd.action == "help":
             _emit(usage())

@@ -1,0 +1,74 @@
+"""The warm launcher (``pyvmm serve``) and its client (``pyvmm run``).
+
+    pyvmm serve --api-sock PATH
+    pyvmm run --api-sock PATH [OPTIONS] [--] KERNEL [ARGS...]
+
+One launcher process imports everything a run needs once, then forks a
+child per VM on request over an HTTP/JSON Unix socket (docs/serve.md):
+the child is that VM's own process, and the interpreter's pages stay
+shared copy-on-write between VMs. Modules: ``http`` (the little HTTP),
+``server`` (the loop and the API), ``vms`` (request -> plan -> fork),
+``child`` (the VM's process), ``warm`` (what is done once), ``client``.
+This module imports none of them until a subcommand needs it, so that
+``pyvmm run`` stays a small client.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from pyvmm.errors import UsageError
+
+SUBCOMMANDS = ("serve", "run")
+USAGE = """\
+usage: pyvmm serve --api-sock PATH
+       pyvmm run --api-sock PATH [OPTIONS] [--] KERNEL [ARGS...]
+
+serve: a warm launcher: imports pyvmm once, then starts each VM as a child
+  process on request over the Unix socket PATH (HTTP/JSON, docs/serve.md);
+  SIGTERM or SIGINT stops every VM, waits for them and ends.
+run: the pyvmm command through that launcher: the same OPTIONS, console
+  and exit status, the VM started by the launcher.
+"""
+
+
+def _api_sock(argv: list[str], name: str) -> tuple[str, list[str]]:
+    """--api-sock PATH or --api-sock=PATH first; the rest."""
+    if argv and argv[0] in ("-h", "--help"):
+        return "", []
+    if not argv or not argv[0].startswith("--api-sock"):
+        raise UsageError(f"{name}: --api-sock PATH is required first (see pyvmm {name} --help)")
+    head, eq, value = argv[0].partition("=")
+    if head != "--api-sock":
+        raise UsageError(f"{name}: Invalid option: `{argv[0]}' (see pyvmm {name} --help)")
+    rest = argv[1:]
+    if not eq:
+        if not rest:
+            raise UsageError(f"{name}: --api-sock: missing value (--api-sock=PATH)")
+        value, rest = rest[0], rest[1:]
+    if not value:
+        raise UsageError(f"{name}: --api-sock: missing PATH")
+    return value, rest
+
+
+def main(argv: list[str]) -> int:
+    """``argv`` starts with the subcommand; its exit status."""
+    name, args = argv[0], argv[1:]
+    path, rest = _api_sock(args, name)
+    if not path:
+        sys.stdout.write(USAGE)
+        return 0
+    if name == "serve":
+        if rest:
+            raise UsageError(f"serve: unexpected argument `{rest[0]}' (see pyvmm serve --help)")
+        from pyvmm.serve.server import serve
+
+        return serve(path)
+    from pyvmm.serve.client import ClientError, run
+
+    if not rest:
+        raise UsageError("Missing KERNEL operand (see pyvmm --help)")
+    try:
+        return run(path, rest)
+    except ClientError as err:
+        raise UsageError(str(err)) from None

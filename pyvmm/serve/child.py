@@ -1,0 +1,259 @@
+"""A VM's own process: what the launcher's child does between fork and exit.
+
+The child is a pyvmm run like the command's (the same ``Vmm``, stop
+signals, sandbox, counters, one-line errors, exit status), with three
+differences: its plan was made by the launcher before the fork; it dies
+with the launcher (PR_SET_PDEATHSIG, so a launcher killed with SIGKILL
+leaves no VM behind: the SIGTERM ends the run and its clean-up closes the
+taps); and it talks to the launcher over a SOCK_SEQPACKET channel, one
+JSON object per packet:
+
+    child -> launcher  {"event": "running", ...}    right before the first KVM_RUN
+                       {"event": "error", ...}      the run could not start or failed
+                       {"event": "stats", ...}      an answer to b"s"
+                       {"event": "final", ...}      the counters at the end
+    launcher -> child  b"s"                         the counters, now please
+
+The channel is read and written with read(2)/write(2) only: the sandbox
+allows those (not send/recv) once the guest runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyvmm.config import VmConfig
+from pyvmm.errors import PyvmmError, stop_message
+from pyvmm.plan import Plan
+from pyvmm.statsview import StatsOutput, open_json
+from pyvmm.vmm import Vmm
+
+PR_SET_PDEATHSIG = 1
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass
+class ChildSpec:
+    """Everything the child needs, prepared by the launcher before the fork."""
+
+    config: VmConfig
+    plan: Plan
+    log_level: str
+    #: Log lines the plan produced in the launcher ("adjusting memory ..."),
+    #: written to the child's stderr first.
+    notes: list[str] = field(default_factory=list)
+    #: Console files by path (opened by the child), or passed fds.
+    stdout_path: str | None = None
+    stderr_path: str | None = None
+    fds: list[int] = field(default_factory=list)
+    #: The client's directory: relative paths in its options are its own.
+    cwd: str | None = None
+
+
+class _Stop(BaseException):
+    """A stop signal before the guest runs (afterwards C handles them)."""
+
+
+_stop = 0
+
+
+def _on_stop(signum: int, frame: Any) -> None:
+    global _stop
+    if _stop:
+        return  # the first one is being handled: let the clean-up finish
+    _stop = signum
+    raise _Stop(signum)
+
+
+def _send(fd: int, message: dict[str, Any]) -> None:
+    try:
+        os.write(fd, json.dumps(message).encode())
+    except OSError:
+        pass  # the launcher is gone: PR_SET_PDEATHSIG stops this run
+
+
+def die_with_parent(parent: int) -> None:
+    """SIGTERM when the launcher dies; if it died already, end now."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(128 + signal.SIGTERM)
+
+
+def _console(spec: ChildSpec) -> None:
+    """fd 1: the guest's console; fd 2: pyvmm's messages; fd 0: /dev/null."""
+    targets = {1: spec.stdout_path, 2: spec.stderr_path}
+    passed = spec.fds + spec.fds[-1:] if spec.fds else []
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    for target, path in targets.items():
+        if path is not None:
+            name = "stdout" if target == 1 else "stderr"
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            except OSError as err:
+                raise _OpenError(f"{name}={path}: cannot open: {err.strerror}") from None
+            os.dup2(fd, target)
+            os.close(fd)
+        elif passed:
+            os.dup2(passed[target - 1], target)
+    for fd in spec.fds:
+        os.close(fd)
+
+
+class _OpenError(PyvmmError):
+    pass
+
+
+class _LauncherVmm(Vmm):
+    """A ``Vmm`` that says when its guest's first instruction is next."""
+
+    def __init__(self, config: VmConfig, plan: Plan, on_first_run: Callable[[], None]) -> None:
+        self._on_first_run = on_first_run
+        super().__init__(config, plan)
+
+    def _loop(self) -> int:
+        self._on_first_run()
+        return super()._loop()
+
+
+class _StatsAnswer:
+    """Answers the launcher's b"s" with the counters, on its own thread
+    (started before the sandbox, which keeps every thread)."""
+
+    def __init__(self, fd: int, vmm: Vmm) -> None:
+        self.fd = fd
+        self.vmm = vmm
+        self.lock = threading.Lock()
+        self.final: dict[str, Any] | None = None
+        threading.Thread(target=self._loop, name="pyvmm-api-stats", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                if not os.read(self.fd, 16):
+                    return
+            except OSError:
+                return
+            with self.lock:
+                try:
+                    report = self.final or self.vmm.counters()
+                    message = {"event": "stats", "report": report}
+                except Exception as err:  # tearing down: say so, keep serving
+                    message = {"event": "stats", "error": f"no counters: {err}"}
+            _send(self.fd, message)
+
+    def finish(self) -> dict[str, Any]:
+        with self.lock:
+            self.final = self.vmm.counters()
+        return self.final
+
+
+def _run(spec: ChildSpec, channel: int, times: dict[str, int]) -> tuple[int, Any]:
+    """Run the guest; (exit status, final counters)."""
+    config = spec.config
+    running = False
+
+    def first_run() -> None:
+        nonlocal running
+        running = True
+        times["running"] = time.monotonic_ns()
+        cpu = time.process_time_ns()  # every thread's, since the fork
+        _send(channel, {"event": "running", "times": times, "cpu_ns": cpu})
+
+    json_out = open_json(config.stats_json) if config.stats_json else None
+    with _LauncherVmm(config, spec.plan, first_run) as vmm:
+        times["ready"] = time.monotonic_ns()
+        answer = _StatsAnswer(channel, vmm)
+        output = StatsOutput(
+            vmm.counters,
+            summary_at_exit=config.stats,
+            interval=config.stats_interval,
+            json_out=json_out,
+        )
+        output.start()
+        try:
+            status = vmm.run()
+        finally:
+            final = answer.finish()
+            output.finish(final)
+            _send(channel, {"event": "final", "report": final})
+    return status, final
+
+
+def _say(line: str) -> None:
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _setup_logging(level: str) -> None:
+    """pyvmm's log lines on this process's stderr, as the command has them."""
+    from pyvmm import cli
+
+    cli._setup_logging(level)
+
+
+def main(spec: ChildSpec, channel: int, parent: int, forked_ns: int) -> int:
+    """The child's life, after the launcher's fds are closed; its status.
+
+    Stop signals are blocked on entry (the launcher blocks them around the
+    fork) and unblocked here once this process's own handlers are in."""
+    times = {"forked": forked_ns, "child": time.monotonic_ns()}
+    modules = set(sys.modules)
+    die_with_parent(parent)
+    os.setpgid(0, 0)  # a Ctrl-C meant for the launcher's terminal is the launcher's
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _on_stop)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # until the counters' watcher runs
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    try:
+        try:
+            if spec.cwd is not None:
+                try:
+                    os.chdir(spec.cwd)
+                except OSError as err:
+                    raise _OpenError(f"cwd={spec.cwd}: {err.strerror}") from None
+            _console(spec)
+            _setup_logging(spec.log_level)
+            for note in spec.notes:
+                _say(note)
+            status, _final = _run(spec, channel, times)
+        except _Stop:
+            raise PyvmmError(stop_message(_stop)) from None
+    except PyvmmError as err:
+        status = 128 + _stop if _stop else err.exit_status
+        running = "running" in times
+        line = f"pyvmm: {err}" if not _stop else f"pyvmm: {stop_message(_stop)}"
+        _send(channel, {"event": "error", "message": line, "status": status, "running": running})
+        if running:
+            _say(line)
+    except Exception as err:  # a pyvmm bug: one line, as the command says it
+        status = 1
+        line = (
+            f"pyvmm: internal error: {type(err).__name__}: {err} "
+            "(PYVMM_DEBUG=1 shows where; please report it)"
+        )
+        if os.environ.get("PYVMM_DEBUG"):
+            import traceback
+
+            traceback.print_exc()
+        _send(channel, {"event": "error", "message": line, "status": 1, "internal": True})
+        _say(line)
+    new = sorted(set(sys.modules) - modules)
+    if new:
+        _send(channel, {"event": "imports", "imported_after_fork": new})
+    return status

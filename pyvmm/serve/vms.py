@@ -1,0 +1,255 @@
+"""The launcher's side of a VM: from a request to a forked child, and its record.
+
+``prepare`` does in the launcher what needs no host resource: the command
+line through cli.py's own parser, and the plan (the unikernel read and
+checked, devices matched to its manifest, memory laid out), so a bad
+option or a kernel that fails to load is answered at once, with the line
+the command would print. ``spawn`` forks; everything that opens a host
+resource (taps, /dev/kvm, memory, threads) happens in the child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyvmm import cli
+from pyvmm.errors import PyvmmError, UsageError
+from pyvmm.loader import load_kernel
+from pyvmm.plan import make_plan
+from pyvmm.serve import child
+from pyvmm.serve.http import HttpError
+from pyvmm.serve.warm import HostFacts, precompute
+
+_ID_OK = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+#: Passed fds a request may carry: the guest's console and pyvmm's stderr.
+MAX_FDS = 2
+
+
+@dataclass
+class Vm:
+    """One VM the launcher started: its process and what is known of it."""
+
+    id: str
+    pid: int
+    pidfd: int
+    channel: socket.socket
+    argv: list[str]
+    kernel: str
+    arrived_ns: int
+    state: str = "starting"  # -> running -> exited
+    exit_status: int | None = None
+    signal: str | None = None
+    error: str | None = None
+    #: Start-up times (CLOCK_MONOTONIC ns) the child reported.
+    times: dict[str, int] = field(default_factory=dict)
+    #: CPU time spent starting it: the launcher's (parse, plan, fork) and
+    #: the child's (until its first KVM_RUN), ns; unlike wall time, it does
+    #: not grow with the host's load.
+    cpu_ns: dict[str, int] = field(default_factory=dict)
+    final: dict[str, Any] | None = None
+    imported_after_fork: list[str] = field(default_factory=list)
+    #: Whether a failed create already reported it (then it is not listed).
+    listed: bool = True
+
+    @property
+    def start_latency_us(self) -> float | None:
+        """From the request's first byte to right before the first KVM_RUN."""
+        running = self.times.get("running")
+        return None if running is None else round((running - self.arrived_ns) / 1000, 1)
+
+    def view(self) -> dict[str, Any]:
+        """The VM as GET /vms/ID shows it."""
+        out: dict[str, Any] = {
+            "id": self.id,
+            "pid": self.pid,
+            "state": self.state,
+            "kernel": self.kernel,
+            "argv": self.argv,
+            "exit_status": self.exit_status,
+            "start_latency_us": self.start_latency_us,
+        }
+        if self.times:
+            base = self.arrived_ns
+            out["start_us"] = {k: round((v - base) / 1000, 1) for k, v in self.times.items()}
+        if self.cpu_ns:
+            out["start_cpu_us"] = {k: round(v / 1000, 1) for k, v in self.cpu_ns.items()}
+        if self.signal:
+            out["signal"] = self.signal
+        if self.error:
+            out["error"] = self.error
+        if self.imported_after_fork:
+            out["imported_after_fork"] = self.imported_after_fork
+        return out
+
+
+class _Notes(logging.Handler):
+    """The plan's log lines, kept for the child's stderr."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append("pyvmm: " + " ".join(record.getMessage().split("\n")))
+
+
+@contextlib.contextmanager
+def _logged(level: str) -> Iterator[_Notes]:
+    from pyvmm.log import log
+
+    notes = _Notes()
+    saved = log.handlers[:], log.level, log.propagate
+    log.handlers[:] = [notes]
+    log.propagate = False
+    log.setLevel(level.upper())
+    try:
+        yield notes
+    finally:
+        log.handlers[:], level_saved, log.propagate = saved
+        log.setLevel(level_saved)
+
+
+@contextlib.contextmanager
+def _in_directory(path: str | None) -> Iterator[None]:
+    """Relative paths in the request are the client's: plan (and fork) there."""
+    if path is None:
+        yield
+        return
+    home = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            os.chdir(path)
+        except OSError as err:
+            raise HttpError(400, f"pyvmm: cwd={path}: {err.strerror}") from None
+        yield
+    finally:
+        os.fchdir(home)
+        os.close(home)
+
+
+def _strings(body: dict[str, Any], key: str) -> list[str]:
+    value = body.get(key)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise HttpError(400, f'"{key}" must be a list of strings (the command line after pyvmm)')
+    return value
+
+
+def _optional_str(body: dict[str, Any], key: str) -> str | None:
+    value = body.get(key)
+    if value is not None and (not isinstance(value, str) or not value or "\0" in value):
+        raise HttpError(400, f'"{key}" must be a non-empty string')
+    return value
+
+
+KNOWN_KEYS = {"argv", "id", "cwd", "stdout", "stderr"}
+
+
+@dataclass
+class Prepared:
+    spec: child.ChildSpec
+    argv: list[str]
+    id: str | None
+    cwd: str | None
+
+
+def prepare(body: dict[str, Any], fds: list[int], facts: HostFacts) -> Prepared:
+    """A create request's body -> what the child runs, or HttpError 400
+    with the line the command would print."""
+    unknown = sorted(set(body) - KNOWN_KEYS)
+    if unknown:
+        raise HttpError(400, f"unknown key {unknown[0]!r} (known: {', '.join(sorted(KNOWN_KEYS))})")
+    argv = _strings(body, "argv")
+    vm_id = _optional_str(body, "id")
+    if vm_id is not None and not _ID_OK.match(vm_id):
+        raise HttpError(400, f'"id" must be 1-64 of [A-Za-z0-9_.-], not {vm_id!r}')
+    cwd = _optional_str(body, "cwd")
+    if len(fds) > MAX_FDS:
+        raise HttpError(400, f"at most {MAX_FDS} file descriptors (stdout, stderr), got {len(fds)}")
+    try:
+        cmd = cli.parse_command(argv)
+        if cmd.action != "run":
+            raise UsageError(
+                f"the launcher runs guests: {cmd.action} is the command's own "
+                f"(pyvmm --{cmd.action})"
+            )
+        with _in_directory(cwd), _logged(cmd.log_level) as notes:
+            plan = make_plan(
+                cmd.config, machine=facts.machine, flavour=facts.flavour, load=load_kernel
+            )
+            precompute(plan)
+    except PyvmmError as err:
+        raise HttpError(400, f"pyvmm: {err}") from None
+    spec = child.ChildSpec(
+        config=cmd.config,
+        plan=plan,
+        log_level=cmd.log_level,
+        notes=notes.lines,
+        stdout_path=_optional_str(body, "stdout"),
+        stderr_path=_optional_str(body, "stderr"),
+        fds=fds,
+        cwd=cwd,
+    )
+    return Prepared(spec, argv, vm_id, cwd)
+
+
+def spawn(
+    vm_id: str,
+    prepared: Prepared,
+    arrived_ns: int,
+    close_in_child: Callable[[], None],
+) -> Vm:
+    """Fork the VM's process (this process must have one thread)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    parent = os.getpid()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            stream.flush()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, child.STOP_SIGNALS)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+                forked = time.monotonic_ns()
+                close_in_child()
+                ours.close()
+                status = child.main(prepared.spec, theirs.detach(), parent, forked)
+            finally:
+                with contextlib.suppress(BaseException):
+                    sys.stdout.flush()
+                os._exit(status)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    theirs.close()
+    ours.setblocking(False)
+    return Vm(
+        id=vm_id,
+        pid=pid,
+        pidfd=os.pidfd_open(pid),
+        channel=ours,
+        argv=prepared.argv,
+        kernel=prepared.spec.config.kernel,
+        arrived_ns=arrived_ns,
+    )
+
+
+def describe_status(wait_status: int) -> tuple[int, str | None]:
+    """(exit status as a shell shows it, the signal's name if one killed it)."""
+    code = os.waitstatus_to_exitcode(wait_status)
+    if code >= 0:
+        return code, None
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return 128 - code, name

@@ -1,0 +1,107 @@
+"""What the launcher does once, so that no VM child pays for it again.
+
+Every module a run can need is imported before the first fork (the child
+then imports nothing: ``imported_after_fork`` in a VM's final report says
+so), the host's facts are read once, and pure computations that depend on
+the unikernel and not on the host (the x86 page tables of a memory layout)
+are done in the launcher before the fork and kept: the next VM of the same
+image and mode gets them for free, and its child shares them copy-on-write.
+Finally ``gc.freeze()`` moves everything imported into the permanent
+generation, so a child's garbage collections never write to those pages
+and the interpreter's pages stay shared between VMs.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import importlib
+import platform
+from typing import Any
+
+#: Imported in the launcher: everything ``Vmm`` and the child's runner can
+#: reach, including what some paths import lazily (deprivileged mode's
+#: trap emulator, --stats, --user, fault explanation).
+MODULES = (
+    "ctypes",
+    "json",
+    "pwd",
+    "pyvmm.vmm",
+    "pyvmm.plan",
+    "pyvmm.stats",
+    "pyvmm.statsview",
+    "pyvmm.sandbox",
+    "pyvmm.faults",
+    "pyvmm.hvt.fastpath",
+    "pyvmm.devices.net",
+    "pyvmm.devices.block",
+    "pyvmm.kvm.stats",
+    "pyvmm.loader",
+    "pyvmm.arch",
+    "pyvmm.serve.child",
+)
+#: Imported when the host has them (one architecture's modules).
+HOST_MODULES = {
+    "x86_64": ("pyvmm.arch.x86_64", "pyvmm.arch.x86_64.traps", "pyvmm.arch.x86_64.faults"),
+    "aarch64": ("pyvmm.arch.aarch64",),
+}
+
+
+class HostFacts:
+    """The host's facts a plan needs, read once."""
+
+    def __init__(self) -> None:
+        from pyvmm.kvm.system import kvm_flavour
+
+        self.machine = platform.machine()
+        self.flavour = kvm_flavour()
+
+
+def import_all(machine: str) -> None:
+    for name in MODULES + HOST_MODULES.get(machine, ()):
+        importlib.import_module(name)
+
+
+def _cache_page_tables() -> Any:
+    """x86_64: memoise ``boot.page_tables`` by its arguments (regions,
+    user, private pages), in this process and the children it forks."""
+    from pyvmm.arch.x86_64 import boot
+
+    original = boot.page_tables
+    if hasattr(original, "cache_info"):
+        return original
+
+    @functools.lru_cache(maxsize=64)
+    def cached(regions: tuple, user: bool, private: tuple) -> dict[int, bytes]:
+        return original(list(regions), user=user, private=dict(private))
+
+    @functools.wraps(original)
+    def page_tables(regions, user=False, private=None):  # type: ignore[no-untyped-def]
+        return cached(tuple(regions), user, tuple(sorted((private or {}).items())))
+
+    page_tables.cache_info = cached.cache_info  # type: ignore[attr-defined]
+    boot.page_tables = page_tables
+    return page_tables
+
+
+def precompute(plan: Any) -> None:
+    """Before the fork: what ``Vmm`` would compute from the plan alone."""
+    if plan.arch.machine != "x86_64":
+        return
+    from pyvmm.arch.x86_64 import boot
+    from pyvmm.loader import page_protections
+
+    profile = boot.profile_for(plan.mode)
+    regions = [(r.start, r.start + r.length, r.protection) for r in page_protections(plan.kernel)]
+    boot.page_tables(regions, user=profile.cpl == 3, private=dict(profile.private))
+
+
+def warm_up() -> HostFacts:
+    """Import, read the host, set up the caches, then freeze the heap."""
+    facts = HostFacts()
+    import_all(facts.machine)
+    if facts.machine == "x86_64":
+        _cache_page_tables()
+    gc.collect()
+    gc.freeze()
+    return facts

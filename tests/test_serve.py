@@ -1,0 +1,307 @@
+"""The warm launcher (pyvmm serve) and its client (pyvmm run --api-sock):
+the API's create, list, wait, stats and stop; its errors, each the line the
+command prints, with the launcher serving on; the client's exit status,
+console and stop signals; and a launcher stopped or killed with running VMs
+leaves no VM process and no tap held behind (docs/serve.md)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, guest, run_pyvmm
+from pyvmm.serve.client import call
+from testkit.netns import NetNamespace
+
+pytestmark = pytest.mark.kvm
+
+
+class Launcher:
+    """A ``pyvmm serve`` process on a socket in ``tmp``."""
+
+    def __init__(self, tmp: Path, popen=subprocess.Popen) -> None:
+        self.path = str(tmp / "api.sock")
+        self.log = tmp / "launcher.err"
+        self.out = tmp / "launcher.out"
+        self.proc = popen(
+            [sys.executable, "-m", "pyvmm", "serve", "--api-sock", self.path],
+            stdout=open(self.out, "w"),
+            stderr=open(self.log, "w"),
+            cwd=ROOT,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the launcher ended: {self.log.read_text()}")
+            try:
+                if self.api("GET", "/")[0] == 200:
+                    return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.05)
+
+    def api(self, method: str, target: str, body=None, fds=None):
+        return call(self.path, method, target, body, fds)
+
+    def create(self, *argv: str, **extra) -> tuple[int, dict]:
+        return self.api("POST", "/vms", {"argv": [str(a) for a in argv], **extra})
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def launcher(tmp_path_factory):
+    server = Launcher(tmp_path_factory.mktemp("launcher"))
+    yield server
+    assert server.stop() == 128 + signal.SIGTERM, server.log.read_text()
+    assert not os.path.exists(server.path)  # the socket goes with it
+    assert "Traceback" not in server.log.read_text()
+
+
+def cli_line(*args) -> str:
+    """The one line the command prints for the same arguments."""
+    result = run_pyvmm(*args)
+    assert result.returncode == 1, result
+    return result.stderr.strip()
+
+
+def wait_for(path: Path, text: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in (path.read_text() if path.exists() else ""):
+        assert time.monotonic() < deadline, f"no {text!r} in {path}"
+        time.sleep(0.02)
+
+
+def gone(pid: int, timeout: float = 15) -> bool:
+    """Whether ``pid`` ended (a zombie has: whoever reaps it is not ours)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+# -- create, list, wait, stats, stop ----------------------------------------------
+
+
+def test_create_runs_the_guest_and_wait_reports_its_exit_status(launcher, tmp_path):
+    out = tmp_path / "console"
+    status, vm = launcher.create("--mem=64", guest("args"), "7", "x", stdout=str(out))
+    assert status == 201, vm
+    assert vm["state"] in ("running", "exited") and vm["pid"] > 0
+    assert vm["start_latency_us"] > 0
+    status, end = launcher.api("GET", f"/vms/{vm['id']}/wait")
+    assert status == 200, end
+    assert end["state"] == "exited" and end["exit_status"] == 7
+    assert "cmdline: 7 x" in out.read_text()
+    # Everything the run needs was imported before the fork.
+    assert "imported_after_fork" not in end, end
+    status, again = launcher.api("GET", f"/vms/{vm['id']}")
+    assert status == 200 and again["exit_status"] == 7
+
+
+def test_list_stats_and_stop(launcher, tmp_path):
+    out = tmp_path / "console"
+    status, vm = launcher.create("--mem=64", guest("spin"), stdout=str(out))
+    assert status == 201, vm
+    vm_id = vm["id"]
+    wait_for(out, "spinning")
+    status, listing = launcher.api("GET", "/vms")
+    assert status == 200
+    listed = {v["id"]: v for v in listing["vms"]}
+    assert listed[vm_id]["state"] == "running" and listed[vm_id]["pid"] == vm["pid"]
+    status, stats = launcher.api("GET", f"/vms/{vm_id}/stats")
+    assert status == 200, stats
+    assert stats["schema"] == "pyvmm-stats/1" and stats["seconds"] > 0
+    status, end = launcher.api("POST", f"/vms/{vm_id}/stop")
+    assert status == 200, end
+    assert end["state"] == "exited" and end["exit_status"] == 128 + signal.SIGTERM
+    assert gone(vm["pid"], timeout=1)
+    status, final = launcher.api("GET", f"/vms/{vm_id}/stats")  # the counters at the end
+    assert status == 200 and final["schema"] == "pyvmm-stats/1"
+    status, _ = launcher.api("DELETE", f"/vms/{vm_id}")
+    assert status == 200
+    assert launcher.api("GET", f"/vms/{vm_id}")[0] == 404
+
+
+def test_delete_stops_a_running_vm_with_the_signal_asked(launcher, tmp_path):
+    out = tmp_path / "console"
+    status, vm = launcher.create("--mem=64", guest("spin"), stdout=str(out), id="spinner")
+    assert status == 201 and vm["id"] == "spinner", vm
+    assert launcher.create(guest("hello"), id="spinner")[0] == 409  # ids are unique
+    wait_for(out, "spinning")
+    status, end = launcher.api("DELETE", "/vms/spinner", {"signal": "SIGINT"})
+    assert status == 200 and end["exit_status"] == 128 + signal.SIGINT, end
+    assert launcher.api("GET", "/vms/spinner")[0] == 404
+
+
+# -- errors: one line, the command's, and the launcher serves on -------------------
+
+
+def test_errors_are_the_commands_lines_and_the_launcher_serves_on(launcher, tmp_path):
+    junk = tmp_path / "junk.hvt"
+    junk.write_bytes(b"not an ELF file at all" * 10)
+    cases = [
+        ("--mem=64", tmp_path / "missing.hvt"),  # no such kernel
+        ("--mem=64", junk),  # a kernel that fails to load
+        ("--bogus", guest("hello")),  # an unknown option
+        ("--mem=64", "--net=pyvmmnosuch0", guest("udpsink"), "10.0.0.2", "5000"),  # no tap
+        ("--mem=64",),  # no kernel
+    ]
+    for argv in cases:
+        status, body = launcher.create(*argv)
+        assert status == 400, (argv, body)
+        assert body["error"] == cli_line(*argv), argv
+    assert launcher.api("GET", "/vms/nosuchvm")[0] == 404
+    assert launcher.api("GET", "/nothing")[0] == 404
+    assert launcher.api("PUT", "/vms")[0] == 405
+    # Bad JSON, and JSON that is not a request.
+    for raw in (b"{not json", b"[1, 2]", b'{"argv": "hello.hvt"}', b'{"argv": [], "x": 1}'):
+        status, body = raw_request(launcher.path, b"POST", b"/vms", raw)
+        assert status == 400 and body["error"], raw
+    # Failed creates leave no VM behind in the list.
+    listed = launcher.api("GET", "/vms")[1]["vms"]
+    assert all(v.get("error") is None or v["state"] == "exited" for v in listed)
+    status, vm = launcher.create("--mem=64", guest("args"), "3")
+    assert status == 201, vm
+    assert launcher.api("GET", f"/vms/{vm['id']}/wait")[1]["exit_status"] == 3
+
+
+def raw_request(path: str, method: bytes, target: bytes, body: bytes):
+    import socket
+
+    from pyvmm.serve.client import receive
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    with sock:
+        sock.sendall(
+            method
+            + b" "
+            + target
+            + b" HTTP/1.1\r\nHost: x\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
+        return receive(sock)
+
+
+def test_a_guest_fault_after_start_is_reported_on_the_vm(launcher, tmp_path):
+    err = tmp_path / "err"
+    status, vm = launcher.create("--mem=64", guest("fault_badptr"), stderr=str(err))
+    assert status == 201, vm
+    end = launcher.api("GET", f"/vms/{vm['id']}/wait")[1]
+    assert end["exit_status"] == 1
+    line = cli_line("--mem=64", guest("fault_badptr"))
+    assert end["error"] == line
+    assert err.read_text().strip() == line
+
+
+# -- the client ---------------------------------------------------------------------
+
+
+def client(launcher: Launcher, *args, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pyvmm", "run", "--api-sock", launcher.path, *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        **kwargs,
+    )
+
+
+def test_run_client_exits_with_the_guests_status_and_its_console(launcher):
+    proc = client(launcher, "--mem=64", guest("args").relative_to(ROOT), "5", "--x")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 5, err
+    assert "cmdline: 5 --x" in out and err == ""
+
+
+def test_run_client_errors_are_the_commands(launcher):
+    for argv in (["--mem=64", "guests/bin/nosuch.hvt"], ["--what", guest("hello")]):
+        proc = client(launcher, *argv)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 1
+        assert err.strip() == cli_line(*argv)
+    proc = client(launcher)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and err.strip() == cli_line(), err
+    result = run_pyvmm("run", "--api-sock", "/nonexistent/api.sock", guest("hello"))
+    assert result.returncode == 1
+    assert result.stderr.startswith("pyvmm: --api-sock=/nonexistent/api.sock: cannot connect")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_run_client_passes_a_stop_signal_to_the_vm(launcher, sig):
+    proc = client(launcher, "--mem=64", guest("spin"))
+    assert proc.stdout.readline().strip() == "spinning"
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig
+    assert err.strip() == f"pyvmm: stopped by {sig.name} (Exiting on signal {sig.value})"
+
+
+# -- a launcher that ends with running VMs ------------------------------------------
+
+
+def holders(tap: str) -> list[int]:
+    """Pids of every process with ``tap`` open (/proc/PID/fdinfo: iff)."""
+    found = []
+    for pid in filter(str.isdecimal, os.listdir("/proc")):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fdinfo"):
+                with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                    if f"iff:\t{tap}\n" in f.read():
+                        found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.netns
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_a_launcher_ended_leaves_no_vm_and_no_tap_behind(tmp_path, sig):
+    tap = f"pvs{os.getpid() % 100000}"
+    with NetNamespace() as ns:
+        ns.add_tap(tap, address="10.0.0.1/24")
+        server = Launcher(tmp_path, popen=ns.popen)
+        pids = []
+        for n in range(2):
+            out = tmp_path / f"console{n}"
+            if n == 0:  # a guest waiting for frames, its IO thread polling the tap
+                argv = ["--mem=64", "--shm=poll", f"--net={tap}", guest("udpsink"), "10.0.0.2"]
+                argv.append("5000")
+            else:  # a guest that never leaves KVM_RUN by itself
+                argv = ["--mem=64", guest("spin")]
+            status, vm = server.create(*argv, stdout=str(out))
+            assert status == 201, vm
+            wait_for(out, "ready" if n == 0 else "spinning")
+            pids.append(vm["pid"])
+        assert holders(tap) == [pids[0]]
+        assert server.stop(sig) == (128 + sig if sig != signal.SIGKILL else -sig)
+        for pid in pids:
+            assert gone(pid), f"VM process {pid} outlived its launcher"
+        assert holders(tap) == []
+        assert [p for p in ns.pids() if p != os.getpid()] == []
+        if sig == signal.SIGKILL:
+            # The socket it left is stale: a new launcher takes its place.
+            again = Launcher(tmp_path, popen=ns.popen)
+            assert again.stop() == 128 + signal.SIGTERM
+        assert not os.path.exists(server.path)
