@@ -21,6 +21,20 @@ def test_hello_prints_and_exits_zero(cpl):
     assert result.stderr == ""
 
 
+def test_a_program_with_its_own_c_library_links_and_runs(cpl):
+    """guests/ownlibc.c uses solo5.h alone and defines memset, memcpy,
+    memmove, memcmp and strlen itself, as Solo5 applications do: it links
+    with the runtime (whose own are weak) and its own ones are called."""
+    result = run_pyvmm(f"--cpl={cpl}", guest("ownlibc"), "a", "b")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[1:] == [
+        "cmdline: a b",
+        "compare: 1",
+        "own calls: 1",
+        "SUCCESS",
+    ], result.stdout
+
+
 def test_args_passes_command_line_and_exit_status(cpl):
     result = run_pyvmm(f"--cpl={cpl}", guest("args"), "7", "foo", "--bar")
     assert "cmdline: 7 foo --bar" in result.stdout

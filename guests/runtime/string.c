@@ -6,9 +6,18 @@
  */
 #include "rt.h"
 
+/*
+ * The C library names are weak: a program written against solo5.h brings
+ * its own mem and str functions (Solo5's tests include bindings/lib.c; a
+ * MirageOS build has its libc), and Solo5's bindings export nothing but
+ * the solo5_ API, so those definitions must win here without a clash.
+ * The runtime's own calls then use the program's, which do the same.
+ */
+#define RT_LIBC __attribute__((weak))
+
 #if defined(__aarch64__)
 /* aarch64: plain loops (GCC keeps them loops: see the flag above). */
-void *memset(void *dst, int c, size_t n)
+RT_LIBC void *memset(void *dst, int c, size_t n)
 {
     uint8_t *d = dst;
     while (n--)
@@ -16,7 +25,7 @@ void *memset(void *dst, int c, size_t n)
     return dst;
 }
 
-void *memcpy(void *dst, const void *src, size_t n)
+RT_LIBC void *memcpy(void *dst, const void *src, size_t n)
 {
     uint8_t *d = dst;
     const uint8_t *s = src;
@@ -27,7 +36,7 @@ void *memcpy(void *dst, const void *src, size_t n)
     return dst;
 }
 #else
-void *memset(void *dst, int c, size_t n)
+RT_LIBC void *memset(void *dst, int c, size_t n)
 {
     uint64_t pattern = 0x0101010101010101ULL * (uint8_t)c;
     void *d = dst;
@@ -44,7 +53,7 @@ void *memset(void *dst, int c, size_t n)
     return dst;
 }
 
-void *memcpy(void *dst, const void *src, size_t n)
+RT_LIBC void *memcpy(void *dst, const void *src, size_t n)
 {
     void *d = dst;
     const void *s = src;
@@ -62,7 +71,7 @@ void *memcpy(void *dst, const void *src, size_t n)
 }
 #endif
 
-void *memmove(void *dst, const void *src, size_t n)
+RT_LIBC void *memmove(void *dst, const void *src, size_t n)
 {
     uint8_t *d = dst;
     const uint8_t *s = src;
@@ -77,7 +86,7 @@ void *memmove(void *dst, const void *src, size_t n)
     return dst;
 }
 
-int memcmp(const void *a, const void *b, size_t n)
+RT_LIBC int memcmp(const void *a, const void *b, size_t n)
 {
     const uint8_t *p = a, *q = b;
     size_t i = 0;
@@ -97,7 +106,7 @@ int memcmp(const void *a, const void *b, size_t n)
     return 0;
 }
 
-size_t strlen(const char *s)
+RT_LIBC size_t strlen(const char *s)
 {
     size_t n = 0;
     while (s[n] != '\0')
@@ -105,7 +114,7 @@ size_t strlen(const char *s)
     return n;
 }
 
-size_t strnlen(const char *s, size_t max)
+RT_LIBC size_t strnlen(const char *s, size_t max)
 {
     size_t n = 0;
     while (n < max && s[n] != '\0')
@@ -113,7 +122,7 @@ size_t strnlen(const char *s, size_t max)
     return n;
 }
 
-int strcmp(const char *a, const char *b)
+RT_LIBC int strcmp(const char *a, const char *b)
 {
     while (*a != '\0' && *a == *b) {
         a++;
@@ -122,7 +131,7 @@ int strcmp(const char *a, const char *b)
     return (unsigned char)*a - (unsigned char)*b;
 }
 
-int strncmp(const char *a, const char *b, size_t n)
+RT_LIBC int strncmp(const char *a, const char *b, size_t n)
 {
     for (; n > 0; n--, a++, b++) {
         if (*a != *b)
@@ -133,7 +142,7 @@ int strncmp(const char *a, const char *b, size_t n)
     return 0;
 }
 
-char *strchr(const char *s, int c)
+RT_LIBC char *strchr(const char *s, int c)
 {
     for (;; s++) {
         if (*s == (char)c)
