@@ -1,7 +1,5 @@
 """``python -m pyvmm`` is the ``pyvmm`` command (pyvmm.entry: signals first)."""
 
-import sys
+from pyvmm.entry import run
 
-from pyvmm.entry import main
-
-sys.exit(main())
+run()

@@ -18,19 +18,22 @@ completion (scripts/pyvmm-completion.bash) are all made from them
 
 from __future__ import annotations
 
-import difflib
-import logging
 import os
 import re
 import signal
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from pyvmm import __version__, entry
+from pyvmm import __version__, entry, trace
 from pyvmm.config import DEFAULT_MEM_MIB, VmConfig, positive_int
-from pyvmm.devices import DeviceKind, Option, kinds, option_table
 from pyvmm.errors import OutputError, PyvmmError, UsageError
+
+if TYPE_CHECKING:
+    from pyvmm.devices import DeviceKind, Option
+
+trace.early("imports: command line")
 
 CPL_VALUES = ("auto", "0", "3", "deprivileged")
 SHM_VALUES = ("off", "poll", "event", "hybrid")
@@ -52,6 +55,8 @@ class Command:
     action: str = "run"
     json: bool = False
     log_level: str = "warning"
+    #: --trace: None (off), "" (stderr only) or the JSON file.
+    trace: str | None = None
     #: setting -> the argument that gave it (each may be given once).
     given: dict[tuple[str, str | None], str] = field(default_factory=dict)
 
@@ -152,6 +157,12 @@ def _stats_json(cmd: Command, name: str, value: str | None) -> None:
     if not value:
         raise UsageError("--stats-json=: missing FILE (or - for stdout)")
     cmd.config.stats_json = value
+
+
+def _trace(cmd: Command, name: str, value: str | None) -> None:
+    if value == "":
+        raise UsageError("--trace=: missing FILE (or give --trace alone)")
+    cmd.trace = value or ""
 
 
 def _level(level: str):
@@ -273,6 +284,18 @@ OPTIONS: tuple[CliOption | object, ...] = (
         complete="file",
     ),
     CliOption(
+        ("--trace",),
+        "FILE",
+        "the start-up and shut-down timeline on stderr:\n"
+        "every phase and its duration, from the\n"
+        "process start to its exit; with FILE also in\n"
+        "the Trace Event JSON format (Perfetto,\n"
+        "chrome://tracing; docs/startup.md)",
+        _trace,
+        optional_value=True,
+        complete="file",
+    ),
+    CliOption(
         ("-v",),
         "",
         "say what pyvmm decides and why (log level\n"
@@ -375,6 +398,8 @@ def device_entries(kind: DeviceKind, opt: Option) -> list[HelpEntry]:
 
 def help_entries() -> Iterator[HelpEntry]:
     """Every option as --help lists it, in order."""
+    from pyvmm.devices import kinds
+
     for opt in OPTIONS:
         if isinstance(opt, CliOption):
             yield HelpEntry(opt.form(), opt.help, opt.names, opt.complete, opt.takes_value)
@@ -422,6 +447,8 @@ def _spellings() -> dict[str, CliOption]:
 
 def all_spellings() -> list[str]:
     """Every option name as typed (device options with their ':')."""
+    from pyvmm.devices import option_table
+
     names = list(_spellings())
     for flag, (_kind, opt) in option_table().items():
         if opt.named:
@@ -435,6 +462,8 @@ def _invalid(arg: str) -> UsageError:
     head = arg.split("=", 1)[0]
     if head.startswith("--") and ":" in head:
         head = head.split(":", 1)[0] + ":"
+    import difflib
+
     names = all_spellings()
     prefixed = [n for n in names if n.startswith(head) and len(head) >= 3]
     close = prefixed if len(prefixed) == 1 else difflib.get_close_matches(head, names, 1, 0.6)
@@ -455,10 +484,19 @@ def _once(cmd: Command, key: tuple[str, str | None], arg: str, shown: str) -> No
     cmd.given[key] = arg
 
 
+def _device_options(devices: dict) -> dict:
+    """Fill ``devices`` with the device kinds' options (importing the
+    kinds: a command without device options never does)."""
+    from pyvmm.devices import option_table
+
+    devices.update(option_table())
+    return devices
+
+
 def parse_command(argv: list[str]) -> Command:
     cmd = Command(VmConfig(kernel="", sandbox=True))  # the command sandboxes itself
     core = _spellings()
-    devices = option_table()
+    devices: dict = {}  # the device kinds' options, imported at the first one
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -484,7 +522,9 @@ def parse_command(argv: list[str]) -> Command:
             opt.apply(cmd, head, given_value)
             if cmd.action in ("help", "version"):
                 return cmd
-        elif head.startswith("--") and head[2:].partition(":")[0] in devices:
+        elif head.startswith("--") and head[2:].partition(":")[0] in (
+            devices or _device_options(devices)
+        ):
             flag, colon, name = head[2:].partition(":")
             _kind, opt = devices[flag]
             if colon and not opt.named or not colon and not opt.short:
@@ -612,13 +652,14 @@ def _standard_fds() -> None:
             os.close(null)
 
 
-class _LineFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        return "pyvmm: " + " ".join(super().format(record).split("\n"))
-
-
 def _setup_logging(level: str) -> None:
+    import logging
+
     from pyvmm.log import log
+
+    class _LineFormatter(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            return "pyvmm: " + " ".join(super().format(record).split("\n"))
 
     handler = logging.StreamHandler(sys.stderr if sys.stderr is not None else sys.__stderr__)
     handler.setFormatter(_LineFormatter())
@@ -639,6 +680,12 @@ def main(argv: list[str] | None = None) -> int:
 
             return serve_main(argv)
         cmd = parse_command(argv)
+        trace.early("argument parsing")
+        if cmd.trace is not None:
+            try:
+                trace.enable(cmd.trace)
+            except OSError as err:
+                raise UsageError(f"--trace: cannot create {cmd.trace}: {err.strerror}") from None
         if cmd.action == "help":
             _emit(usage())
             return 0
@@ -653,6 +700,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from pyvmm.vmm import run
 
+        trace.mark("imports: VMM")
         entry.check()
         return run(cmd.config)
     except PyvmmError as err:
@@ -685,4 +733,4 @@ def stop_text(signum: int) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(entry.main())
+    entry.run()

@@ -73,8 +73,10 @@ def man_page() -> str:
             "--mem is rounded down with a note on standard error, as solo5-hvt does. "
             "Block images are locked (flock, exclusive) while a guest uses them. "
             "A stop signal at any moment ends pyvmm with 128 + the signal and one line, "
-            "except during the Python interpreter's own start-up, before pyvmm's code runs, "
-            "where the interpreter handles it."
+            "from the first instruction of the pyvmm command: its native launcher blocks "
+            "the stop signals before the Python interpreter starts, and pyvmm unblocks them "
+            "once its handlers are in (python3 -m pyvmm has no launcher: there the "
+            "interpreter's own start-up is left to Python)."
         ),
         ".SH SEE ALSO",
         "solo5\\-hvt(1), solo5\\-elftool(1); README.md and docs/ in pyvmm's source",

@@ -15,16 +15,14 @@ import threading
 import time
 from contextlib import ExitStack
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pyvmm import sandbox
+from pyvmm import sandbox, trace
 from pyvmm._native import lib
 from pyvmm.arch import ExitHandler
 from pyvmm.config import VmConfig
 from pyvmm.devices import Device, DeviceKind
 from pyvmm.devices.console import Console
-from pyvmm.devices.net.shmstream import ShmStream
-from pyvmm.devices.net.solo5_ring import Solo5RingService
 from pyvmm.errors import DeviceError, HostError, PyvmmError, stop_message
 from pyvmm.faults import fault
 from pyvmm.hvt.bootinfo import BootInfo
@@ -36,8 +34,13 @@ from pyvmm.kvm.system import kvm_flavour
 from pyvmm.loader import DeviceType, load_kernel, page_protections, place
 from pyvmm.memory import GuestMemory
 from pyvmm.plan import Plan, make_plan
-from pyvmm.stats import ExitCounters, report
+from pyvmm.stats import HYPERCALL_NAMES, ExitCounters, report
 from pyvmm.statsview import StatsOutput, open_json
+
+if TYPE_CHECKING:
+    # Imported when a plan has net devices (a guest without any never does).
+    from pyvmm.devices.net.shmstream import ShmStream
+    from pyvmm.devices.net.solo5_ring import Solo5RingService
 
 
 class Stopped(PyvmmError):
@@ -72,8 +75,9 @@ class Vmm:
         self.running_lock = threading.Lock()
         try:
             self.plan = plan or make_plan(
-                config, machine=platform.machine(), flavour=kvm_flavour(), load=load_kernel
+                config, machine=platform.machine(), flavour=kvm_flavour(), load=_traced_load
             )
+            trace.mark("plan")
             self._bring_up(self.plan)
         except BaseException:
             self.stack.close()
@@ -86,17 +90,35 @@ class Vmm:
     def _bring_up(self, plan: Plan) -> None:
         stack = self.stack
         kernel = plan.kernel
+        # With --trace, a mark between the parts of the tear-down too: the
+        # ExitStack closes them in reverse, each mark after its part.
+        traced = trace.enabled
+        if traced:
+            stack.callback(trace.mark, "tear-down: devices (taps, disks)")
         for kind, request in plan.devices:
             self.devices.append((kind, kind.attach(stack, request)))
         attachments = {device.name: device.attachment() for _, device in self.devices}
+        trace.mark("devices and taps")
 
+        if traced:
+            stack.callback(trace.mark, "tear-down: close /dev/kvm")
         self.system = system = stack.enter_context(System())
+        trace.mark("open /dev/kvm")
+        if traced:
+            stack.callback(trace.mark, "tear-down: destroy VM")
         self.vm = vm = stack.enter_context(system.create_vm())
+        trace.mark("create VM")
+        if traced:
+            stack.callback(trace.mark, "tear-down: unmap guest memory")
         self.memory = memory = stack.enter_context(GuestMemory(plan.mem_size))
         vm.set_memory(0, 0, plan.mem_size, memory.host_addr)
+        trace.mark("map guest memory")
         regions = [(r.start, r.start + r.length, r.protection) for r in page_protections(kernel)]
         plan.arch.prepare_memory(memory, regions, plan.mode)
         place(kernel, memory)
+        trace.mark("page tables, ELF segments placed")
+        if traced:
+            stack.callback(trace.mark, "tear-down: vCPU, eventfds, IO service")
         self.vcpu = vcpu = vm.create_vcpu(0)
         self.kvm_stats = KvmStats.open(vcpu.fd)
         if self.kvm_stats is not None:
@@ -128,12 +150,15 @@ class Vmm:
         self.fast_path = (
             None if os.environ.get("PYVMM_PY_HYPERCALLS") else self.hypercalls.fast_path()
         )
+        trace.mark("vCPU set-up, boot info, hypercall table")
 
     def _start_net_service(self, plan: Plan, boot: BootInfo) -> tuple[BootInfo, ShmStream | None]:
         """The IO thread's service for the net devices, as planned: Solo5's
         ring, pyvmm's shmstream region, or none (plain hypercalls)."""
         nets = {d.handle: d for kind, d in self.devices if kind.type == DeviceType.NET}
         if plan.solo5_ring_gpa is not None:
+            from pyvmm.devices.net.solo5_ring import Solo5RingService
+
             ring = Solo5RingService(
                 self.memory, plan.solo5_ring_gpa, plan.usable, nets, plan.io, self.vm
             )
@@ -143,6 +168,8 @@ class Vmm:
         layout = plan.shm_layout
         if layout is None:
             return boot, None
+        from pyvmm.devices.net.shmstream import ShmStream
+
         layout.write(self.memory)
         shm = ShmStream(self.memory, layout, nets, plan.io, self.vm)
         self.stack.callback(shm.close)
@@ -190,16 +217,20 @@ class Vmm:
         try:
             if service is not None:
                 service.start()
+                trace.mark("IO thread start")
             # Every fd is open and every thread exists: give up what the
             # run does not need (docs/security.md).
             if self.config.user:
                 sandbox.drop_privileges(self.config.user)
             if self.config.sandbox:
                 sandbox.install()
+                trace.mark("sandbox (seccomp filter)")
             return self._loop()
         finally:
+            trace.mark("guest: run to its end")
             if service is not None:
                 service.stop()
+                trace.mark("tear-down: IO thread stop")
             with self.running_lock:
                 self.running.clear()
             lib.pyvmm_signals_restore()
@@ -237,8 +268,12 @@ class Vmm:
         arch_answers = self.exit_handler.handle if self.exit_handler is not None else None
         count = self.exits.count
         hypercalls = self.exits.hypercalls
+        run = vcpu.run
+        if trace.enabled:  # the first exit marked: a wrapper for its first call only
+            run = _first_exit(vcpu, hypercall, table)
+        trace.mark("to the first KVM_RUN (first guest instruction)")
         while True:
-            exit = vcpu.run(fast_path)
+            exit = run(fast_path)
             count(exit)
             call = hypercall(exit)
             if call is not None and call[0] in table:
@@ -259,6 +294,36 @@ class Vmm:
                 raise fault(exit, self.plan.arch, vcpu, self.memory)
 
 
+def _traced_load(*args: Any, **kwargs: Any):
+    """plan.make_plan's loader, with the ELF's load as its own phase."""
+    trace.mark("plan: options, memory size")
+    kernel = load_kernel(*args, **kwargs)
+    trace.mark("load ELF (headers, notes, manifest)")
+    return kernel
+
+
+def _first_exit(vcpu, hypercall, table):
+    """vcpu.run, with a trace mark at the first exit that reaches Python
+    (the first hypercall the C fast path does not answer: puts, for most
+    guests); the loop calls it for every exit, so only --trace uses it."""
+    state = {"first": True}
+    run = vcpu.run
+
+    def traced(fast_path):
+        exit = run(fast_path)
+        if state["first"]:
+            state["first"] = False
+            call = hypercall(exit)
+            if call is not None and call[0] in table:
+                what = f"hypercall ({HYPERCALL_NAMES.get(call[0], call[0])})"
+            else:
+                what = f"exit ({type(exit).__name__})"
+            trace.mark(f"guest: to the first {what}")
+        return exit
+
+    return traced
+
+
 def run(config: VmConfig) -> int:
     json_out = open_json(config.stats_json) if config.stats_json else None
     with Vmm(config) as vmm:
@@ -270,10 +335,12 @@ def run(config: VmConfig) -> int:
             json_out=json_out,
         )
         output.start()
+        trace.mark("counters (SIGUSR1 watcher)")
         try:
             return vmm.run()
         finally:
             output.finish(vmm.counters())
+            trace.mark("tear-down: counters")
 
 
 __all__ = ["DeviceError", "Stopped", "Vmm", "VmConfig", "run"]

@@ -11,7 +11,7 @@ _pyvmm()
         *) COMPREPLY=($(compgen -f -- "$cur")); return ;;
         esac
     done
-    local opts="--mem= --net: --net= --net-mac: --block: --block-sector-size: --no-lock --cpl= --shm= --hybrid-budget= --no-net-ring --legacy-abi --no-sandbox --user= --shm-slots= --pin= --stats= --stats-json= -v -vv --log-level= -q --quiet --query-manifest --json -h --help --version --host-info"
+    local opts="--mem= --net: --net= --net-mac: --block: --block-sector-size: --no-lock --cpl= --shm= --hybrid-budget= --no-net-ring --legacy-abi --no-sandbox --user= --shm-slots= --pin= --stats= --stats-json= --trace= -v -vv --log-level= -q --quiet --query-manifest --json -h --help --version --host-info"
     if [[ $cur == --*=* ]]; then
         prev=${cur%%=*}
         prev=${prev%%:*}
@@ -20,7 +20,7 @@ _pyvmm()
         --cpl) COMPREPLY=($(compgen -W "auto 0 3 deprivileged" -- "$cur")); return ;;
         --shm) COMPREPLY=($(compgen -W "off poll event hybrid" -- "$cur")); return ;;
         --log-level) COMPREPLY=($(compgen -W "error warning info debug" -- "$cur")); return ;;
-        --block|--stats-json) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+        --block|--stats-json|--trace) COMPREPLY=($(compgen -f -- "$cur")); return ;;
         --net|--net) COMPREPLY=($(compgen -W "$(ls /sys/class/net 2>/dev/null)" -- "$cur")); return ;;
         esac
         return

@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import pty
+import random
 import re
 import select
 import signal
@@ -121,6 +122,119 @@ def test_ctrl_c_on_a_terminal_at_any_moment_of_start_up():
         assert lines == ["pyvmm: stopped by SIGINT (Exiting on signal 2)"] or lines == [
             "^Cpyvmm: stopped by SIGINT (Exiting on signal 2)"
         ], (delay, text)
+
+
+# -- the interpreter's own start-up: the native launcher ---------------------------
+
+LAUNCHER = ROOT / "pyvmm" / "_launcher"  # the pyvmm command (scripts/setup links it)
+
+
+def _past_the_launchers_block(pid: int) -> bool:
+    """The launcher has blocked the stop signals (SigBlk), or pyvmm's
+    handlers are in (after the unblock): from either on, a stop signal must
+    give the documented status and one line. Before that the process is
+    still in execve, where any program takes the default action."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if line.startswith("Sig"))
+    except (OSError, ValueError):
+        return False
+    bit = 1 << (signal.SIGTERM - 1)
+    return bool(int(fields["SigBlk"], 16) & bit or int(fields["SigCgt"], 16) & bit)
+
+
+def _wait_for_launcher(pid: int) -> None:
+    deadline = time.monotonic() + 30
+    while not _past_the_launchers_block(pid):
+        assert time.monotonic() < deadline, "the launcher never blocked the stop signals"
+        time.sleep(0.0001)
+
+
+def _launch(*args: str, **kwargs) -> subprocess.Popen:
+    assert os.access(LAUNCHER, os.X_OK), f"{LAUNCHER} is missing: scripts/setup builds it"
+    return subprocess.Popen([str(LAUNCHER), *map(str, args)], cwd=ROOT, **kwargs)
+
+
+@pytest.mark.kvm
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_stop_signal_during_the_interpreters_start_up_gives_one_line(sig):
+    """Through the launcher, a signal at a random moment of the first 60 ms
+    (the interpreter's own start-up, site, imports, the handlers' install):
+    128 + signal and exactly one line, every time (issue 15)."""
+    want = f"pyvmm: stopped by {sig.name} (Exiting on signal {sig.value})\n"
+    rng = random.Random(int(sig))
+    for _ in range(25):
+        delay = rng.uniform(0, 0.06)
+        vm = _launch("--mem=8", guest("spin"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        _wait_for_launcher(vm.pid)
+        time.sleep(delay)
+        vm.send_signal(sig)
+        out, err = vm.communicate(timeout=30)
+        assert vm.returncode == 128 + sig, (delay, vm.returncode, err)
+        assert err.decode() == want, (delay, err)
+
+
+@pytest.mark.kvm
+def test_ctrl_c_on_a_terminal_during_the_interpreters_start_up():
+    """Ctrl-C on the launcher's controlling terminal at a random moment of
+    its first 60 ms: status 130 and one line."""
+    rng = random.Random(2)
+    for _ in range(15):
+        delay = rng.uniform(0, 0.06)
+        master, slave = pty.openpty()
+
+        def own_terminal(slave=slave):
+            os.setsid()
+            fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+
+        vm = _launch(
+            "--mem=8",
+            guest("spin"),
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            preexec_fn=own_terminal,
+        )
+        os.close(slave)
+        try:
+            _wait_for_launcher(vm.pid)
+            time.sleep(delay)
+            os.write(master, b"\x03")  # the terminal's VINTR character
+            status = vm.wait(timeout=30)
+            text = _read_all(master)
+        finally:
+            if vm.poll() is None:
+                vm.kill()
+                vm.wait()
+            os.close(master)
+        assert status == 130, (delay, status, text)
+        lines = [line for line in text.splitlines() if line.strip() not in ("", "^C")]
+        assert [line.removeprefix("^C") for line in lines] == [
+            "pyvmm: stopped by SIGINT (Exiting on signal 2)"
+        ], (delay, text)
+
+
+def _read_all(master: int) -> str:
+    output = b""
+    while select.select([master], [], [], 0.2)[0]:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the slave side is closed
+            break
+        if not chunk:
+            break
+        output += chunk
+    return output.decode(errors="replace").replace("\r", "")
+
+
+@pytest.mark.kvm
+def test_the_launcher_runs_the_guest_and_passes_its_arguments():
+    result = subprocess.run(
+        [str(LAUNCHER), guest("args"), "--one", "two"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--one" in result.stdout and "two" in result.stdout, result.stdout
+    assert result.stderr == ""
 
 
 # -- option syntax ---------------------------------------------------------------
