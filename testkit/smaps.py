@@ -1,0 +1,66 @@
+"""A process's memory by mapping, from /proc/PID/smaps (sizes in KiB).
+
+Used by the image-sharing tests and bench/density.py to say what a guest's
+process holds and what it shares: PSS divides each page by the number of
+processes that map it, so Pss < Rss means pages shared with another process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Mapping:
+    """One line of /proc/PID/maps with its smaps counters (kB)."""
+
+    start: int
+    end: int
+    perms: str
+    offset: int
+    path: str
+    kb: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def __getitem__(self, key: str) -> int:
+        return self.kb.get(key, 0)
+
+
+def read(pid: int) -> list[Mapping]:
+    """Every mapping of ``pid`` with its counters."""
+    maps: list[Mapping] = []
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head, _, rest = line.partition(" ")
+            if "-" in head and not head.endswith(":"):
+                lo, hi = head.split("-")
+                fields = rest.split(None, 4)
+                maps.append(
+                    Mapping(
+                        int(lo, 16),
+                        int(hi, 16),
+                        fields[0],
+                        int(fields[1], 16),
+                        fields[4].strip() if len(fields) > 4 else "",
+                    )
+                )
+            elif head.endswith(":") and maps:
+                value = rest.split()
+                if value and value[0].isdigit():
+                    maps[-1].kb[head[:-1]] = int(value[0])
+    return maps
+
+
+def rollup(pid: int) -> dict[str, int]:
+    """/proc/PID/smaps_rollup's totals (kB): Rss, Pss, Private_Dirty, ..."""
+    totals: dict[str, int] = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            value = rest.split()
+            if value and value[0].isdigit():
+                totals[key] = int(value[0])
+    return totals
