@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <seccomp.h>
 #include <stddef.h>
+#include <linux/kvm.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 
 #include "sandbox.h"
@@ -15,16 +17,35 @@ int pyvmm_sandbox_unknown(void)
     return unknown;
 }
 
-/* Allow `name` only when (arg & mask) == 0. */
-static int allow_without(scmp_filter_ctx ctx, const char *name, unsigned arg,
-                         uint64_t mask)
+/* Allow `name` only when (arg & mask) == value. */
+static int allow_masked(scmp_filter_ctx ctx, const char *name, unsigned arg,
+                        uint64_t mask, uint64_t value)
 {
     int nr = seccomp_syscall_resolve_name(name);
-    struct scmp_arg_cmp cmp = SCMP_CMP(arg, SCMP_CMP_MASKED_EQ, mask, 0);
+    struct scmp_arg_cmp cmp = SCMP_CMP(arg, SCMP_CMP_MASKED_EQ, mask, value);
 
     if (nr == __NR_SCMP_ERROR)
         return 0;
     return seccomp_rule_add_array(ctx, SCMP_ACT_ALLOW, nr, 1, &cmp);
+}
+
+/*
+ * ioctl: KVM's requests (type KVMIO: KVM_RUN, the register and event
+ * ioctls of the run loop and the trap emulator, on both architectures)
+ * and the two terminal queries of Python's output (isatty, and the width
+ * that --stats=live asks for). No tap, socket or block-device request
+ * once the guest runs: those are all made during set-up.
+ */
+static int allow_ioctls(scmp_filter_ctx ctx)
+{
+    const uint64_t type = (uint64_t)_IOC_TYPEMASK << _IOC_TYPESHIFT;
+    int err;
+
+    if ((err = allow_masked(ctx, "ioctl", 1, type,
+                            (uint64_t)KVMIO << _IOC_TYPESHIFT)) < 0 ||
+        (err = allow_masked(ctx, "ioctl", 1, 0xffffffff, TCGETS)) < 0)
+        return err;
+    return allow_masked(ctx, "ioctl", 1, 0xffffffff, TIOCGWINSZ);
 }
 
 int pyvmm_sandbox_install(const char *const *names, int n, int action)
@@ -64,12 +85,14 @@ int pyvmm_sandbox_install(const char *const *names, int n, int action)
             goto out;
     }
     /* Files only for reading (Python's lazy imports, /proc). */
-    if ((err = allow_without(ctx, "openat", 2, writing)) < 0 ||
-        (err = allow_without(ctx, "open", 1, writing)) < 0)
+    if ((err = allow_masked(ctx, "openat", 2, writing, 0)) < 0 ||
+        (err = allow_masked(ctx, "open", 1, writing, 0)) < 0)
         goto out;
     /* No new executable memory on the host. */
-    if ((err = allow_without(ctx, "mprotect", 2, PROT_EXEC)) < 0 ||
-        (err = allow_without(ctx, "mmap", 2, PROT_EXEC)) < 0)
+    if ((err = allow_masked(ctx, "mprotect", 2, PROT_EXEC, 0)) < 0 ||
+        (err = allow_masked(ctx, "mmap", 2, PROT_EXEC, 0)) < 0)
+        goto out;
+    if ((err = allow_ioctls(ctx)) < 0)
         goto out;
     err = seccomp_load(ctx);
 out:

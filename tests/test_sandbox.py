@@ -25,6 +25,7 @@ def test_a_forbidden_call_is_refused_with_eperm_and_the_guest_runs_on():
         "pyvmm: sandbox self-test: socket: refused: Operation not permitted",
         "pyvmm: sandbox self-test: execve: refused: Operation not permitted",
         "pyvmm: sandbox self-test: open for writing: refused: Operation not permitted",
+        "pyvmm: sandbox self-test: non-KVM ioctl: refused: Operation not permitted",
     ]
 
 
