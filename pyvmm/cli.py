@@ -668,6 +668,17 @@ def _setup_logging(level: str) -> None:
     log.setLevel(level.upper())
 
 
+def _defer_logging(level: str) -> None:
+    """As _setup_logging, but logging is imported only for the first line
+    shown (most runs show none: pyvmm.log)."""
+    from pyvmm.log import log
+
+    log.defer(
+        {"error": 40, "warning": 30, "info": 20, "debug": 10}[level],
+        lambda: _setup_logging(level),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # SIGUSR1 asks a running guest's counters (statsview.py); before the
@@ -692,7 +703,7 @@ def main(argv: list[str] | None = None) -> int:
         if cmd.action == "version":
             _emit(version_text() + "\n")
             return 0
-        _setup_logging(cmd.log_level)
+        _defer_logging(cmd.log_level)
         if cmd.action == "query-manifest":
             from pyvmm.query import query_manifest
 

@@ -6,12 +6,11 @@ port access); what is left means the same everywhere.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 from pyvmm.errors import GuestFault
 from pyvmm.kvm import FailEntry, Hlt, InternalError, MemoryFault, Mmio
-from pyvmm.log import log
+from pyvmm.log import DEBUG, log
 
 if TYPE_CHECKING:
     from pyvmm.arch import Arch
@@ -20,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def fault(exit: VcpuExit, arch: Arch, vcpu: Vcpu, memory: GuestMemory) -> GuestFault:
-    if log.isEnabledFor(logging.DEBUG):
+    if log.isEnabledFor(DEBUG):
         log.debug("vCPU registers at the fault: %s", arch.registers(vcpu))
     specific = arch.explain(exit, vcpu, memory)
     if specific is not None:

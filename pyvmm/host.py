@@ -47,13 +47,23 @@ def arch_features(system: System) -> tuple[str, ...]:
 
 def cycle_freq(system: System) -> int | None:
     """The guest cycle counter's frequency in Hz (needs a throw-away VM),
-    or None where pyvmm has no architecture support or KVM will not say."""
-    from pyvmm.arch import host_arch
+    or None where pyvmm has no architecture support or KVM will not say.
 
+    Read here with the one call each architecture's ``Arch.cycle_freq``
+    makes, not through pyvmm.arch: importing an architecture (page tables,
+    CPU state, decoder) would be most of --version's time (docs/startup.md);
+    tests/test_documented.py checks both give the same value."""
+    machine = platform.machine()
     try:
-        arch = host_arch()
+        if machine == "aarch64" and hasattr(lib, "pyvmm_arm64_cntfrq"):
+            return int(lib.pyvmm_arm64_cntfrq())
+        if machine != "x86_64" or not hasattr(lib, "KVM_GET_TSC_KHZ"):
+            return None
+        from pyvmm.kvm.ioctl import ioctl
+
         with system.create_vm() as vm:
-            return arch.cycle_freq(vm.create_vcpu(0))
+            vcpu = vm.create_vcpu(0)
+            return ioctl(vcpu.fd, lib.KVM_GET_TSC_KHZ, call="KVM_GET_TSC_KHZ") * 1000
     except HostError:
         return None
 

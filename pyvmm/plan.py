@@ -10,7 +10,6 @@ without KVM. ``vmm.Vmm`` carries the plan out.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,7 +22,7 @@ from pyvmm.errors import UsageError
 from pyvmm.hvt.bootinfo import join_cmdline
 from pyvmm.iothread import DEFAULT_HYBRID_BUDGET_US, IoConfig
 from pyvmm.loader import DeviceType, Kernel
-from pyvmm.log import log
+from pyvmm.log import INFO, log
 from pyvmm.sizes import GUEST_MEMORY_LIMIT, MEM_GRANULE, MIB
 
 KernelLoader = Callable[..., Kernel]
@@ -139,7 +138,7 @@ def guest_memory_size(mem_mib: int) -> int:
 
 def _explain(config: VmConfig, plan: Plan, flavour: str) -> None:
     """What was decided and why, at log level info (-v)."""
-    if not log.isEnabledFor(logging.INFO):
+    if not log.isEnabledFor(INFO):
         return
     kernel = plan.kernel
     caps = kernel.capabilities

@@ -14,7 +14,6 @@ from its stats fd, so reading them needs no lock.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -266,6 +265,8 @@ class StatsOutput:
         self.interval = interval
         self.live = live or sys.stderr
         self.json = json_out
+        if json_out is not None:
+            import json  # noqa: F401  (now, while imports may still open files)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -313,6 +314,8 @@ class StatsOutput:
             pass  # stderr gone: counters are not worth failing the run
 
     def _write_json(self, snap: Snapshot) -> None:
+        import json
+
         try:
             self.json.write(json.dumps(snap, sort_keys=True) + "\n")
             self.json.flush()

@@ -15,17 +15,20 @@ import errno
 import os
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pyvmm._native import ffi, lib
 from pyvmm.devices import Device, DeviceKind, kinds
-from pyvmm.devices.block import BlockDevice
 from pyvmm.devices.console import Console
-from pyvmm.devices.net.device import NetDevice
-from pyvmm.devices.net.shmstream import ShmStream
 from pyvmm.errors import GuestFault
 from pyvmm.hvt import fastpath
 from pyvmm.loader import DeviceType
 from pyvmm.memory import GuestMemory
+
+if TYPE_CHECKING:  # the device modules load with the devices (a guest without any never does)
+    from pyvmm.devices.block import BlockDevice
+    from pyvmm.devices.net.device import NetDevice
+    from pyvmm.devices.net.shmstream import ShmStream
 
 OK = lib.HVT_RET_OK
 AGAIN = lib.HVT_RET_AGAIN

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pyvmm._native import lib
-from pyvmm.arch.x86_64 import cpu, faults, traps
+from pyvmm.arch.x86_64 import cpu, faults
 from pyvmm.arch.x86_64.boot import *  # noqa: F403  (the layout, for tests and docs)
-from pyvmm.arch.x86_64.boot import PROFILES, setup_memory
+from pyvmm.arch.x86_64.boot import DEPRIVILEGED, PROFILES, setup_memory
 from pyvmm.kvm import IoOut
 
 if TYPE_CHECKING:
@@ -43,6 +43,11 @@ class X86_64:
         cpu.setup_vcpu(system, vcpu, entry=entry, stack=stack, boot_info=boot_info, cpl=mode)
 
     def exit_handler(self, mode: str, vcpu: Vcpu, memory: GuestMemory) -> ExitHandler | None:
+        if mode != DEPRIVILEGED.name:
+            return None
+        # The decoder and trap emulator load only for the mode that needs them.
+        from pyvmm.arch.x86_64 import traps
+
         return traps.emulator(mode, vcpu, memory)
 
     def cycle_freq(self, vcpu: Vcpu) -> int:

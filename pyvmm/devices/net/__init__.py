@@ -15,7 +15,6 @@ from contextlib import ExitStack
 from pyvmm.devices import Option, Request
 from pyvmm.devices.net.device import NetDevice
 from pyvmm.devices.net.hypercalls import NetHypercalls
-from pyvmm.devices.net.tap import TapBackend, parse_mac, random_mac
 from pyvmm.loader import DeviceType
 from pyvmm.log import log
 from pyvmm.memory import GuestMemory
@@ -38,6 +37,9 @@ class NetKind:
 
     def attach(self, stack: ExitStack, request: Request) -> NetDevice:
         text = request.settings.get("net-mac")
+        # tap.py (sockets, netlink) only when a net device is attached.
+        from pyvmm.devices.net.tap import TapBackend, parse_mac, random_mac
+
         mac = parse_mac(text) if text is not None else random_mac()
         tap = stack.enter_context(TapBackend.open(request.settings["net"]))
         log.info(

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pyvmm._native import lib
-from pyvmm.devices.net.tap import TapBackend
 from pyvmm.loader import NetAttachment
+
+if TYPE_CHECKING:  # tap.py (sockets, netlink) loads when a net device is attached
+    from pyvmm.devices.net.tap import TapBackend
 
 
 class NetDevice:

@@ -1,0 +1,79 @@
+"""A lean cold start (issue 12 item 2): each action imports only what it
+needs, so a module that creeps back onto the path shows here, not as a few
+milliseconds nobody notices. docs/startup.md has the measurements."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, guest
+
+# Run pyvmm as the launcher does (-I -S, the checkout first on sys.path) and
+# report the modules loaded by the time the process exits.
+PROBE = """
+import sys
+sys.path.insert(0, sys.argv.pop(1))
+sys.argv[0] = "pyvmm"
+import os
+from pyvmm import entry
+out = open(os.environ["PYVMM_MODULES_OUT"], "w")  # before the sandbox
+def report(status, _exit=os._exit):
+    out.write("\\n".join(sorted(sys.modules)))
+    out.close()
+    _exit(status)
+os._exit = report
+entry.launched("0")
+"""
+
+# Never on the path of --version or of a guest without devices.
+HEAVY = {"logging", "socket", "json", "argparse", "pathlib", "asyncio", "subprocess"}
+DEVICE_KINDS = {"pyvmm.devices.net", "pyvmm.devices.block", "pyvmm.devices.net.tap"}
+
+
+def modules(tmp_path, *args: str) -> set[str]:
+    out = tmp_path / "modules"
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", PROBE, str(ROOT), *args],
+        capture_output=True,
+        text=True,
+        env={"PYVMM_MODULES_OUT": str(out)},
+        timeout=60,
+    )
+    assert out.stat().st_size, done.stderr
+    return set(out.read_text().split())
+
+
+def test_version_imports_no_device_kind_no_architecture_no_logging(tmp_path):
+    loaded = modules(tmp_path, "--version")
+    assert not loaded & (HEAVY | DEVICE_KINDS), loaded & (HEAVY | DEVICE_KINDS)
+    assert not any(m.startswith(("pyvmm.arch", "pyvmm.statsview")) for m in loaded)
+
+
+def test_help_needs_the_device_kinds_only_for_their_options(tmp_path):
+    loaded = modules(tmp_path, "--help")
+    assert "pyvmm.devices.net" in loaded and "logging" not in loaded
+
+
+@pytest.mark.kvm
+def test_a_guest_without_devices_loads_no_net_code_no_trap_emulator_no_logging(tmp_path):
+    loaded = modules(tmp_path, str(guest("hello")))
+    unwanted = HEAVY | {"pyvmm.devices.net.tap", "pyvmm.arch.x86_64.traps", "pyvmm.netns"}
+    assert not loaded & unwanted, loaded & unwanted
+    assert "pyvmm.vmm" in loaded
+
+
+@pytest.mark.kvm
+def test_version_cycle_frequency_is_the_architectures():
+    """host.cycle_freq reads the counter's frequency without importing the
+    architecture: the same value as Arch.cycle_freq."""
+    from pyvmm.arch import host_arch
+    from pyvmm.host import cycle_freq
+    from pyvmm.kvm import System
+
+    with System() as kvm:
+        direct = cycle_freq(kvm)
+        with kvm.create_vm() as vm:
+            assert direct == host_arch().cycle_freq(vm.create_vcpu(0))
