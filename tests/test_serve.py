@@ -305,3 +305,41 @@ def test_a_launcher_ended_leaves_no_vm_and_no_tap_behind(tmp_path, sig):
             again = Launcher(tmp_path, popen=ns.popen)
             assert again.stop() == 128 + signal.SIGTERM
         assert not os.path.exists(server.path)
+
+
+# -- pools --------------------------------------------------------------------------
+
+
+def test_a_pool_prepares_vms_that_a_matching_create_starts(launcher, tmp_path):
+    argv = ["--mem=64", str(guest("args").relative_to(ROOT)), "4"]
+    status, pool = launcher.api("POST", "/pool", {"argv": argv, "cwd": str(ROOT), "size": 1})
+    assert status == 201 and pool["size"] == 1, pool
+    deadline = time.monotonic() + 30
+    while launcher.api("GET", "/pool")[1]["pools"][0]["ready"] != 1:
+        assert time.monotonic() < deadline, "the pool never got ready"
+        time.sleep(0.05)
+    out = tmp_path / "console"
+    status, vm = launcher.create(*argv, cwd=str(ROOT), stdout=str(out))
+    assert status == 201 and vm["pooled"], vm
+    assert vm["start_us"]["go"] < vm["start_us"]["running"]
+    end = launcher.api("GET", f"/vms/{vm['id']}/wait")[1]
+    assert end["exit_status"] == 4 and "cmdline: 4" in out.read_text()
+    # The client's command line and directory match the pool: it takes one too.
+    proc = client(launcher, *argv)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 4 and "cmdline: 4" in out and err == "", err
+    # A pool answers bad options as a create does; DELETE ends its VMs.
+    status, body = launcher.api("POST", "/pool", {"argv": ["--bogus", str(guest("hello"))]})
+    assert status == 400 and body["error"] == cli_line("--bogus", guest("hello"))
+    pids = pooled_pids(launcher)
+    assert pids
+    assert launcher.api("DELETE", "/pool") == (200, {"pools": []})
+    for pid in pids:
+        assert gone(pid)
+
+
+def pooled_pids(launcher: Launcher) -> list[int]:
+    """The launcher's children that no listed VM accounts for: pooled ones."""
+    listed = {v["pid"] for v in launcher.api("GET", "/vms")[1]["vms"]}
+    with open(f"/proc/{launcher.proc.pid}/task/{launcher.proc.pid}/children") as f:
+        return [int(pid) for pid in f.read().split() if int(pid) not in listed]

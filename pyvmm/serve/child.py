@@ -12,7 +12,9 @@ JSON object per packet:
                        {"event": "error", ...}      the run could not start or failed
                        {"event": "stats", ...}      an answer to b"s"
                        {"event": "final", ...}      the counters at the end
+                       {"event": "prepared", ...}   a pooled VM, ready for b"go"
     launcher -> child  b"s"                         the counters, now please
+                       b"go" + JSON, console fds    a pooled VM: start now
 
 The channel is read and written with read(2)/write(2) only: the sandbox
 allows those (not send/recv) once the guest runs.
@@ -20,14 +22,17 @@ allows those (not send/recv) once the guest runs.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
+import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +43,8 @@ from pyvmm.statsview import StatsOutput, open_json
 from pyvmm.vmm import Vmm
 
 PR_SET_PDEATHSIG = 1
+#: The console's fds a pooled VM takes with b"go" (stdout, stderr).
+MAX_GO_FDS = 2
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -57,6 +64,9 @@ class ChildSpec:
     fds: list[int] = field(default_factory=list)
     #: The client's directory: relative paths in its options are its own.
     cwd: str | None = None
+    #: Prepared ahead for a pool (server.py): set up to the first
+    #: instruction, then wait for b"go" with the console (fds, paths).
+    pooled: bool = False
 
 
 class _Stop(BaseException):
@@ -162,18 +172,34 @@ class _StatsAnswer:
 def _run(spec: ChildSpec, channel: int, times: dict[str, int]) -> tuple[int, Any]:
     """Run the guest; (exit status, final counters)."""
     config = spec.config
-    running = False
+    cpu_base = 0
 
     def first_run() -> None:
-        nonlocal running
-        running = True
         times["running"] = time.monotonic_ns()
-        cpu = time.process_time_ns()  # every thread's, since the fork
+        cpu = time.process_time_ns() - cpu_base  # every thread's, since the fork or b"go"
         _send(channel, {"event": "running", "times": times, "cpu_ns": cpu})
 
-    json_out = open_json(config.stats_json) if config.stats_json else None
-    with _LauncherVmm(config, spec.plan, first_run) as vmm:
+    def console() -> None:
+        _console(spec)
+        _setup_logging(spec.log_level)
+        for note in spec.notes:
+            _say(note)
+
+    notes = _Notes()
+    if not spec.pooled:
+        console()
+    with _logged(spec.log_level, notes) if spec.pooled else contextlib.nullcontext():
+        vmm = _LauncherVmm(config, spec.plan, first_run)
+    with vmm:
         times["ready"] = time.monotonic_ns()
+        if spec.pooled:  # its console, and its start, come with b"go"
+            _send(channel, {"event": "prepared", "times": times})
+            _wait_go(spec, channel)
+            times["go"] = time.monotonic_ns()
+            cpu_base = time.process_time_ns()
+            spec.notes += notes.lines
+            console()
+        json_out = open_json(config.stats_json) if config.stats_json else None
         answer = _StatsAnswer(channel, vmm)
         output = StatsOutput(
             vmm.counters,
@@ -189,6 +215,51 @@ def _run(spec: ChildSpec, channel: int, times: dict[str, int]) -> tuple[int, Any
             output.finish(final)
             _send(channel, {"event": "final", "report": final})
     return status, final
+
+
+def _wait_go(spec: ChildSpec, channel: int) -> None:
+    """A pooled VM's start: b"go" and a JSON object, with the console's fds."""
+    sock = socket.socket(fileno=os.dup(channel))
+    try:
+        message, fds, _flags, _ = socket.recv_fds(sock, 65536, MAX_GO_FDS, socket.MSG_CMSG_CLOEXEC)
+    finally:
+        sock.close()
+    if not message.startswith(b"go"):
+        for fd in fds:
+            os.close(fd)
+        raise PyvmmError("the launcher ended this pooled VM before its start")
+    console = json.loads(message[2:] or b"{}")
+    spec.fds = list(fds)
+    spec.stdout_path = console.get("stdout")
+    spec.stderr_path = console.get("stderr")
+
+
+class _Notes(logging.Handler):
+    """Log lines kept for later: the plan's in the launcher, a pooled VM's
+    set-up before it has a console."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append("pyvmm: " + " ".join(record.getMessage().split("\n")))
+
+
+@contextlib.contextmanager
+def _logged(level: str, notes: _Notes) -> Iterator[_Notes]:
+    """pyvmm's log records into ``notes`` while the ``with`` lasts."""
+    from pyvmm.log import log
+
+    saved = log.handlers[:], log.level, log.propagate
+    log.handlers[:] = [notes]
+    log.propagate = False
+    log.setLevel(level.upper())
+    try:
+        yield notes
+    finally:
+        log.handlers[:], level_saved, log.propagate = saved
+        log.setLevel(level_saved)
 
 
 def _say(line: str) -> None:
@@ -227,10 +298,6 @@ def main(spec: ChildSpec, channel: int, parent: int, forked_ns: int) -> int:
                     os.chdir(spec.cwd)
                 except OSError as err:
                     raise _OpenError(f"cwd={spec.cwd}: {err.strerror}") from None
-            _console(spec)
-            _setup_logging(spec.log_level)
-            for note in spec.notes:
-                _say(note)
             status, _final = _run(spec, channel, times)
         except _Stop:
             raise PyvmmError(stop_message(_stop)) from None

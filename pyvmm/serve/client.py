@@ -56,9 +56,9 @@ def send(
     data = http.request_bytes(method, target, body)
     try:
         if fds:
-            sent = socket.send_fds(sock, [data], fds)
-            data = data[sent:]
-        sock.sendall(data)
+            data = data[socket.send_fds(sock, [data], fds) :]
+        if data:  # (sendall sends even nothing, and the launcher may have answered)
+            sock.sendall(data)
     except OSError as err:
         raise ClientError(f"cannot send to the launcher: {err.strerror}") from None
 

@@ -12,7 +12,6 @@ so a slow client never blocks the single-threaded server.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
 #: A request's line and headers, and its body, at most (bytes).
@@ -43,15 +42,20 @@ class HttpError(Exception):
         self.status = status
 
 
-@dataclass
 class Request:
-    method: str
-    path: str
-    query: str
-    headers: dict[str, str]
-    body: bytes
-    #: File descriptors passed with the request (SCM_RIGHTS), in order.
-    fds: list[int] = field(default_factory=list)
+    """One request (a plain class: the client imports this module, and
+    dataclasses would cost it milliseconds of start-up)."""
+
+    def __init__(
+        self, method: str, path: str, query: str, headers: dict[str, str], body: bytes
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = body
+        #: File descriptors passed with the request (SCM_RIGHTS), in order.
+        self.fds: list[int] = []
 
     def json(self) -> dict[str, Any]:
         """The body as a JSON object ({} when empty)."""

@@ -28,7 +28,7 @@ from pyvmm import __version__
 from pyvmm.errors import PyvmmError, stop_message
 from pyvmm.serve import http
 from pyvmm.serve.http import HttpError, Request
-from pyvmm.serve.vms import Vm, describe_status, prepare, spawn
+from pyvmm.serve.vms import ID_OK, KNOWN_KEYS, Vm, describe_status, pool_key, prepare, spawn
 from pyvmm.serve.warm import HostFacts
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -41,6 +41,31 @@ MAX_EXITED = 256
 #: Signals a stop request may name.
 STOP_REQUEST_SIGNALS = {s.name: s for s in (*STOP_SIGNALS, signal.SIGKILL)}
 _RECV_FDS = 4
+#: VMs a pool may hold ready for one command line.
+MAX_POOL = 16
+
+
+class Pool:
+    """VMs prepared ahead for one command line (argv and cwd): each is set
+    up to its first instruction and waits; a create with the same command
+    line takes one (docs/serve.md), and the pool is refilled once it runs."""
+
+    def __init__(self, key: tuple, size: int) -> None:
+        self.key = key
+        self.size = size
+        self.ready: list[Vm] = []
+        self.preparing: list[Vm] = []
+        self.error: str | None = None
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "argv": list(self.key[0]),
+            "cwd": self.key[1],
+            "size": self.size,
+            "ready": len(self.ready),
+            "preparing": len(self.preparing),
+            "error": self.error,
+        }
 
 
 class Conn:
@@ -78,6 +103,8 @@ class Launcher:
         self.timers: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
         self._ids = itertools.count(1)
+        self.pools: dict[tuple, Pool] = {}
+        self._pool_ids = itertools.count(1)
         self.stopping = 0
         self.listener = self._listen(path)
         self._wake_r, self._wake_w = socket.socketpair()
@@ -163,6 +190,7 @@ class Launcher:
             self.selector.unregister(self.listener)
             self.listener.close()
             self._unlink()
+        self.pools.clear()
         for vm in list(self.live.values()):
             self._signal(vm, signal.SIGTERM if first else signal.SIGKILL)
         if first:
@@ -316,6 +344,8 @@ class Launcher:
         if not parts:
             self._allow(req, "GET")
             return 200, {"pyvmm": __version__, "pid": os.getpid(), "vms": len(self.vms)}
+        if parts == ["pool"]:
+            return self._pool(req)
         if parts[0] != "vms" or len(parts) > 3:
             raise HttpError(404, f"no such resource: {req.path}")
         if len(parts) == 1:
@@ -352,24 +382,116 @@ class Launcher:
         if self.stopping:
             raise HttpError(503, "pyvmm: the launcher is stopping")
         cpu = time.thread_time_ns()
-        prepared = prepare(req.json(), req.fds, self.facts)
-        vm_id = prepared.id
+        body = req.json()
+        arrived = conn.arrived_ns or time.monotonic_ns()
+        pool = self.pools.get(pool_key(body)) if set(body) <= KNOWN_KEYS else None
+        if pool is not None and pool.ready:
+            vm = self._start_pooled(pool, body, req.fds, arrived)
+        else:
+            prepared = prepare(body, req.fds, self.facts)
+            vm_id = self._new_id(prepared.id)
+            vm = spawn(vm_id, prepared, arrived, self.close_in_child)
+            self._track(vm)
+        self.vms[vm.id] = vm
+        self.waiters[vm.pid].append((conn, "create"))
+        vm.cpu_ns["launcher"] = time.thread_time_ns() - cpu
+        return None
+
+    def _new_id(self, vm_id: str | None) -> str:
         if vm_id is None:
             vm_id = str(next(self._ids))
             while vm_id in self.vms:
                 vm_id = str(next(self._ids))
         elif vm_id in self.vms:
             raise HttpError(409, f"a VM with id {vm_id!r} exists (DELETE it first)")
-        arrived = conn.arrived_ns or time.monotonic_ns()
-        vm = spawn(vm_id, prepared, arrived, self.close_in_child)
-        vm.cpu_ns["launcher"] = time.thread_time_ns() - cpu
-        self.vms[vm_id] = vm
+        return vm_id
+
+    def _track(self, vm: Vm) -> None:
         self.live[vm.pid] = vm
-        self.waiters[vm.pid] = [(conn, "create")]
+        self.waiters[vm.pid] = []
         self.stats_waiters[vm.pid] = deque()
         self.selector.register(vm.channel, 1, lambda m, v=vm: self._channel(v))
         self.selector.register(vm.pidfd, 1, lambda m, v=vm: self._reap(v))
-        return None
+
+    # -- pools ---------------------------------------------------------------------
+
+    def _pool(self, req: Request) -> tuple[int, Any]:
+        if req.method == "GET":
+            return 200, {"pools": [pool.view() for pool in self.pools.values()]}
+        if req.method == "DELETE":
+            for pool in self.pools.values():
+                for vm in pool.ready + pool.preparing:
+                    self._signal(vm, signal.SIGTERM)
+                    self._after(STOP_GRACE, lambda v=vm: self._signal(v, signal.SIGKILL))
+            self.pools.clear()
+            return 200, {"pools": []}
+        self._allow(req, "POST")
+        if self.stopping:
+            raise HttpError(503, "pyvmm: the launcher is stopping")
+        body = req.json()
+        size = body.pop("size", 1)
+        if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_POOL:
+            raise HttpError(400, f'"size" must be an integer from 1 to {MAX_POOL}')
+        if {"id", "stdout", "stderr"} & set(body):
+            raise HttpError(400, "a pool takes argv and cwd (ids and consoles come with a create)")
+        prepare(body, [], self.facts)  # the command's errors, now
+        key = pool_key(body)
+        pool = self.pools.setdefault(key, Pool(key, size))
+        pool.size, pool.error = size, None
+        self._fill(pool)
+        return 201, pool.view()
+
+    def _fill(self, pool: Pool) -> None:
+        """Prepare VMs until the pool holds its size (not while stopping)."""
+        if self.stopping or self.pools.get(pool.key) is not pool:
+            return
+        argv, cwd = pool.key
+        while len(pool.ready) + len(pool.preparing) < pool.size:
+            try:
+                prepared = prepare({"argv": list(argv), "cwd": cwd}, [], self.facts)
+            except HttpError as err:
+                pool.error = str(err)
+                return
+            prepared.spec.pooled = True
+            vm_id = f"pool:{next(self._pool_ids)}"  # never a VM's id (':' is refused there)
+            vm = spawn(vm_id, prepared, time.monotonic_ns(), self.close_in_child)
+            vm.listed, vm.pool = False, pool.key
+            pool.preparing.append(vm)
+            self._track(vm)
+
+    def _start_pooled(self, pool: Pool, body: dict[str, Any], fds: list[int], arrived: int) -> Vm:
+        """Hand a prepared VM its console and its start."""
+        import json
+
+        console = {}
+        for key in ("stdout", "stderr"):
+            value = body.get(key)
+            if value is not None:
+                if not isinstance(value, str) or not value or "\0" in value:
+                    raise HttpError(400, f'"{key}" must be a non-empty string')
+                console[key] = value
+        if len(fds) > 2:
+            raise HttpError(400, f"at most 2 file descriptors (stdout, stderr), got {len(fds)}")
+        vm_id = body.get("id")
+        if vm_id is not None and (not isinstance(vm_id, str) or not ID_OK.match(vm_id)):
+            raise HttpError(400, f'"id" must be 1-64 of [A-Za-z0-9_.-], not {vm_id!r}')
+        vm_id = self._new_id(vm_id)
+        vm = pool.ready.pop(0)
+        try:
+            socket.send_fds(vm.channel, [b"go" + json.dumps(console).encode()], fds)
+        except OSError as err:
+            self._signal(vm, signal.SIGKILL)
+            raise HttpError(503, f"pyvmm: a pooled VM did not take its start: {err}") from None
+        vm.id, vm.listed, vm.pooled, vm.pool = vm_id, True, True, None
+        vm.state, vm.arrived_ns, vm.refill = "starting", arrived, pool.key
+        return vm
+
+    def _refill(self, vm: Vm) -> None:
+        """A pooled VM has started (or failed to): prepare the next one."""
+        key, vm.refill = vm.refill, None
+        pool = self.pools.get(key) if key is not None else None
+        if pool is not None:
+            self._fill(pool)
 
     def _stop(self, conn: Conn, vm: Vm, req: Request, *, forget: bool) -> tuple[int, Any] | None:
         name = req.json().get("signal", "SIGTERM")
@@ -447,13 +569,25 @@ class Launcher:
             vm.cpu_ns["child"] = int(event["cpu_ns"])
             vm.state = "running"
             self._answer(vm, "create", 201)
+            self._refill(vm)  # now that it no longer needs the CPU to start
+        elif kind == "prepared":
+            vm.times.update(event["times"])
+            pool = self.pools.get(vm.pool) if vm.pool else None
+            if pool is not None and vm in pool.preparing:
+                pool.preparing.remove(vm)
+                pool.ready.append(vm)
+                vm.state = "ready"
         elif kind == "error":
             vm.error = str(event["message"])
+            pool = self.pools.get(vm.pool) if vm.pool else None
+            if pool is not None:
+                pool.error = vm.error
             if vm.state == "starting":
                 vm.listed = False
                 status = 500 if event.get("internal") else 400
                 body = {"error": vm.error, "exit_status": event.get("status")}
                 self._answer(vm, "create", status, body)
+                self._refill(vm)
         elif kind == "stats":
             waiting = self.stats_waiters.get(vm.pid)
             while waiting:
@@ -490,6 +624,11 @@ class Launcher:
             self.selector.unregister(vm.channel)
             vm.channel.close()
         del self.live[vm.pid]
+        pool = self.pools.get(vm.pool) if vm.pool else None
+        if pool is not None:
+            for held in (pool.ready, pool.preparing):
+                if vm in held:
+                    held.remove(vm)
         pending = self.waiters.pop(vm.pid, [])
         forget = any(kind == "delete" for _, kind in pending)
         for conn, kind in pending:

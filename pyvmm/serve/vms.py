@@ -11,7 +11,6 @@ resource (taps, /dev/kvm, memory, threads) happens in the child.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import re
 import signal
@@ -24,13 +23,12 @@ from typing import Any
 
 from pyvmm import cli
 from pyvmm.errors import PyvmmError, UsageError
-from pyvmm.loader import load_kernel
 from pyvmm.plan import make_plan
 from pyvmm.serve import child
 from pyvmm.serve.http import HttpError
 from pyvmm.serve.warm import HostFacts, precompute
 
-_ID_OK = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+ID_OK = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 #: Passed fds a request may carry: the guest's console and pyvmm's stderr.
 MAX_FDS = 2
 
@@ -60,6 +58,12 @@ class Vm:
     imported_after_fork: list[str] = field(default_factory=list)
     #: Whether a failed create already reported it (then it is not listed).
     listed: bool = True
+    #: The pool it was prepared for (server.Pool's key), until it starts.
+    pool: tuple | None = None
+    #: Prepared ahead of its request (a pool's).
+    pooled: bool = False
+    #: The pool to refill once this pooled VM has started.
+    refill: tuple | None = None
 
     @property
     def start_latency_us(self) -> float | None:
@@ -83,6 +87,8 @@ class Vm:
             out["start_us"] = {k: round((v - base) / 1000, 1) for k, v in self.times.items()}
         if self.cpu_ns:
             out["start_cpu_us"] = {k: round(v / 1000, 1) for k, v in self.cpu_ns.items()}
+        if self.pooled:
+            out["pooled"] = True
         if self.signal:
             out["signal"] = self.signal
         if self.error:
@@ -90,33 +96,6 @@ class Vm:
         if self.imported_after_fork:
             out["imported_after_fork"] = self.imported_after_fork
         return out
-
-
-class _Notes(logging.Handler):
-    """The plan's log lines, kept for the child's stderr."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append("pyvmm: " + " ".join(record.getMessage().split("\n")))
-
-
-@contextlib.contextmanager
-def _logged(level: str) -> Iterator[_Notes]:
-    from pyvmm.log import log
-
-    notes = _Notes()
-    saved = log.handlers[:], log.level, log.propagate
-    log.handlers[:] = [notes]
-    log.propagate = False
-    log.setLevel(level.upper())
-    try:
-        yield notes
-    finally:
-        log.handlers[:], level_saved, log.propagate = saved
-        log.setLevel(level_saved)
 
 
 @contextlib.contextmanager
@@ -162,6 +141,11 @@ class Prepared:
     cwd: str | None
 
 
+def pool_key(body: dict[str, Any]) -> tuple[tuple[str, ...], str | None]:
+    """What a pool and a create must share: the command line and directory."""
+    return tuple(_strings(body, "argv")), _optional_str(body, "cwd")
+
+
 def prepare(body: dict[str, Any], fds: list[int], facts: HostFacts) -> Prepared:
     """A create request's body -> what the child runs, or HttpError 400
     with the line the command would print."""
@@ -170,21 +154,25 @@ def prepare(body: dict[str, Any], fds: list[int], facts: HostFacts) -> Prepared:
         raise HttpError(400, f"unknown key {unknown[0]!r} (known: {', '.join(sorted(KNOWN_KEYS))})")
     argv = _strings(body, "argv")
     vm_id = _optional_str(body, "id")
-    if vm_id is not None and not _ID_OK.match(vm_id):
+    if vm_id is not None and not ID_OK.match(vm_id):
         raise HttpError(400, f'"id" must be 1-64 of [A-Za-z0-9_.-], not {vm_id!r}')
     cwd = _optional_str(body, "cwd")
     if len(fds) > MAX_FDS:
         raise HttpError(400, f"at most {MAX_FDS} file descriptors (stdout, stderr), got {len(fds)}")
     try:
         cmd = cli.parse_command(argv)
+        if getattr(cmd, "trace", None) is not None:
+            raise UsageError(
+                "--trace: not through the launcher (a VM's start is in its start_us: docs/serve.md)"
+            )
         if cmd.action != "run":
             raise UsageError(
                 f"the launcher runs guests: {cmd.action} is the command's own "
                 f"(pyvmm --{cmd.action})"
             )
-        with _in_directory(cwd), _logged(cmd.log_level) as notes:
+        with _in_directory(cwd), child._logged(cmd.log_level, child._Notes()) as notes:
             plan = make_plan(
-                cmd.config, machine=facts.machine, flavour=facts.flavour, load=load_kernel
+                cmd.config, machine=facts.machine, flavour=facts.flavour, load=facts.kernels.load
             )
             precompute(plan)
     except PyvmmError as err:

@@ -6,6 +6,7 @@ so), the host's facts are read once, and pure computations that depend on
 the unikernel and not on the host (the x86 page tables of a memory layout)
 are done in the launcher before the fork and kept: the next VM of the same
 image and mode gets them for free, and its child shares them copy-on-write.
+A unikernel read and checked once is kept while its file is unchanged.
 Finally ``gc.freeze()`` moves everything imported into the permanent
 generation, so a child's garbage collections never write to those pages
 and the interpreter's pages stay shared between VMs.
@@ -16,7 +17,9 @@ from __future__ import annotations
 import functools
 import gc
 import importlib
+import os
 import platform
+from collections import OrderedDict
 from typing import Any
 
 #: Imported in the launcher: everything ``Vmm`` and the child's runner can
@@ -55,6 +58,7 @@ class HostFacts:
 
         self.machine = platform.machine()
         self.flavour = kvm_flavour()
+        self.kernels = KernelCache()
 
 
 def import_all(machine: str) -> None:
@@ -82,6 +86,37 @@ def _cache_page_tables() -> Any:
     page_tables.cache_info = cached.cache_info  # type: ignore[attr-defined]
     boot.page_tables = page_tables
     return page_tables
+
+
+class KernelCache:
+    """``load_kernel`` remembered: a unikernel read and checked once is not
+    read again while its file is the same (device, inode, size, times:
+    ``FileIdentity``, what the loader itself trusts before mapping it)."""
+
+    SIZE = 32
+
+    def __init__(self) -> None:
+        self._kernels: OrderedDict[tuple, Any] = OrderedDict()
+
+    def load(self, path: str, host_machine: str, *, legacy_abi: bool = False) -> Any:
+        from pyvmm.loader import load_kernel
+        from pyvmm.loader.sharing import FileIdentity
+
+        try:
+            identity = FileIdentity.of(os.stat(path))
+        except OSError:
+            identity = None  # the loader says what is wrong, in its words
+        key = (path, os.path.abspath(path), host_machine, legacy_abi)
+        kernel = self._kernels.get(key)
+        if kernel is not None and identity is not None and kernel.file == identity:
+            self._kernels.move_to_end(key)
+            return kernel
+        kernel = load_kernel(path, host_machine, legacy_abi=legacy_abi)
+        if identity is not None and kernel.file == identity:
+            self._kernels[key] = kernel
+            if len(self._kernels) > self.SIZE:
+                self._kernels.popitem(last=False)
+        return kernel
 
 
 def precompute(plan: Any) -> None:
