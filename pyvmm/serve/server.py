@@ -152,11 +152,10 @@ class Launcher:
     def serve(self) -> int:
         """Serve until a stop signal and every VM has ended; 128 + signal."""
         signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, self._on_signal)
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         try:
             while not (self.stopping and not self.live):
+                if self._pending_signal:  # (one taken before the wake-up fd was set, too)
+                    self._woken(0)
                 timeout = None
                 if self.timers:
                     timeout = max(0.0, self.timers[0][0] - time.monotonic())
@@ -168,17 +167,28 @@ class Launcher:
             self._close()
         return 128 + self.stopping
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
+    _pending_signal = 0
+
+    @classmethod
+    def take_signals(cls) -> None:
+        """From now on a stop signal is recorded for the loop (and SIGUSR1,
+        the command's counters, is ignored: the launcher has none)."""
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, cls._on_signal)
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+    @classmethod
+    def _on_signal(cls, signum: int, frame: Any) -> None:
         # Only recorded here; the loop sees it through the wake-up fd.
-        self._pending_signal = signum
+        cls._pending_signal = signum
 
     def _woken(self, mask: int) -> None:
         with contextlib.suppress(BlockingIOError):
             while self._wake_r.recv(64):
                 pass
-        signum = getattr(self, "_pending_signal", 0)
+        signum = Launcher._pending_signal
         if signum:
-            self._pending_signal = 0
+            Launcher._pending_signal = 0
             self._shutdown(signum)
 
     def _shutdown(self, signum: int) -> None:
@@ -659,6 +669,7 @@ def serve(path: str) -> int:
     from pyvmm.serve.warm import warm_up
 
     facts = warm_up()
+    Launcher.take_signals()  # before the socket exists: it is always removed
     launcher = Launcher(path, facts)
     import sys
 
