@@ -18,19 +18,18 @@ completion (scripts/pyvmm-completion.bash) are all made from them
 
 from __future__ import annotations
 
+import _signal  # signal's constants without the signal module (it imports enum)
 import os
-import re
-import signal
 import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pyvmm import __version__, entry, trace
-from pyvmm.config import DEFAULT_MEM_MIB, VmConfig, positive_int
+from pyvmm.config import DEFAULT_MEM_MIB, VmConfig, is_decimal, positive_int
 from pyvmm.errors import OutputError, PyvmmError, UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
     from pyvmm.devices import DeviceKind, Option
 
 trace.early("imports: command line")
@@ -38,7 +37,6 @@ trace.early("imports: command line")
 CPL_VALUES = ("auto", "0", "3", "deprivileged")
 SHM_VALUES = ("off", "poll", "event", "hybrid")
 LOG_LEVELS = ("error", "warning", "info", "debug")
-_NAME_OK = re.compile(r"^[A-Za-z0-9]{1,67}$")
 _HELP_COLUMN = 32
 
 # The hybrid budget is microseconds of polling without work; past a second
@@ -46,22 +44,26 @@ _HELP_COLUMN = 32
 MAX_HYBRID_BUDGET_US = 1_000_000
 
 
-@dataclass
+# The classes here are plain ones, not dataclasses: the dataclasses module
+# and the code it generates would cost --version and every run milliseconds
+# (docs/startup.md).
+
+
 class Command:
     """What the command line asks for."""
 
-    config: VmConfig
-    #: "run", "help", "version" or "query-manifest".
-    action: str = "run"
-    json: bool = False
-    log_level: str = "warning"
-    #: --trace: None (off), "" (stderr only) or the JSON file.
-    trace: str | None = None
-    #: setting -> the argument that gave it (each may be given once).
-    given: dict[tuple[str, str | None], str] = field(default_factory=dict)
+    def __init__(self, config: VmConfig) -> None:
+        self.config = config
+        #: "run", "help", "version" or "query-manifest".
+        self.action = "run"
+        self.json = False
+        self.log_level = "warning"
+        #: --trace: None (off), "" (stderr only) or the JSON file.
+        self.trace: str | None = None
+        #: setting -> the argument that gave it (each may be given once).
+        self.given: dict[tuple[str, str | None], str] = {}
 
 
-@dataclass(frozen=True)
 class CliOption:
     """One of pyvmm's own options (device options: pyvmm.devices.Option).
 
@@ -71,13 +73,28 @@ class CliOption:
     ``--quiet``). ``complete``: "file", or choices separated by "|".
     """
 
-    names: tuple[str, ...]
-    metavar: str
-    help: str
-    apply: Callable[[Command, str, str | None], None]
-    optional_value: bool = False
-    setting: str = ""
-    complete: str = ""
+    __slots__ = ("names", "metavar", "help", "apply", "optional_value", "setting", "complete")
+
+    def __init__(
+        self,
+        names: tuple[str, ...],
+        metavar: str,
+        help: str,
+        apply: Callable[[Command, str, str | None], None],
+        optional_value: bool = False,
+        setting: str = "",
+        complete: str = "",
+    ) -> None:
+        self.names = names
+        self.metavar = metavar
+        self.help = help
+        self.apply = apply
+        self.optional_value = optional_value
+        self.setting = setting
+        self.complete = complete
+
+    def __repr__(self) -> str:
+        return f"CliOption({self.form()!r})"
 
     @property
     def takes_value(self) -> bool:
@@ -122,7 +139,7 @@ def _choice(values: tuple[str, ...]) -> Callable[[str, str], str]:
 
 
 def _mem(name: str, value: str) -> int:
-    if not re.fullmatch(r"[0-9]+", value) or int(value) <= 0:
+    if not is_decimal(value) or int(value) <= 0:
         raise UsageError(f"Malformed argument to --mem: '{value}' is not a positive integer")
     return int(value)
 
@@ -138,7 +155,7 @@ def _pin(cmd: Command, name: str, value: str | None) -> None:
     cpus = os.sched_getaffinity(0)
     for part in (value or "").split(","):
         thread, _, cpu = part.partition("=")
-        if thread not in ("vcpu", "io") or not re.fullmatch(r"[0-9]{1,6}", cpu):
+        if thread not in ("vcpu", "io") or not (is_decimal(cpu) and len(cpu) <= 6):
             raise UsageError(f"--pin: '{part}' is not vcpu=N or io=N")
         if int(cpu) not in cpus:
             raise UsageError(f"--pin: CPU {cpu} is not available (usable: {sorted(cpus)})")
@@ -371,15 +388,27 @@ def core_options() -> list[CliOption]:
     return [opt for opt in OPTIONS if isinstance(opt, CliOption)]
 
 
-@dataclass(frozen=True)
 class HelpEntry:
     """One line group of --help and one .TP of the man page."""
 
-    form: str
-    help: str
-    names: tuple[str, ...]
-    complete: str = ""
-    takes_value: bool = False
+    __slots__ = ("form", "help", "names", "complete", "takes_value")
+
+    def __init__(
+        self,
+        form: str,
+        help: str,
+        names: tuple[str, ...],
+        complete: str = "",
+        takes_value: bool = False,
+    ) -> None:
+        self.form = form
+        self.help = help
+        self.names = names
+        self.complete = complete
+        self.takes_value = takes_value
+
+    def __repr__(self) -> str:
+        return f"HelpEntry({self.form!r})"
 
 
 def device_entries(kind: DeviceKind, opt: Option) -> list[HelpEntry]:
@@ -484,6 +513,11 @@ def _once(cmd: Command, key: tuple[str, str | None], arg: str, shown: str) -> No
     cmd.given[key] = arg
 
 
+def _name_ok(name: str) -> bool:
+    """A device name: 1-67 of [A-Za-z0-9] (Solo5's manifest limit)."""
+    return 0 < len(name) <= 67 and name.isascii() and name.isalnum()
+
+
 def _device_options(devices: dict) -> dict:
     """Fill ``devices`` with the device kinds' options (importing the
     kinds: a command without device options never does)."""
@@ -529,7 +563,7 @@ def parse_command(argv: list[str]) -> Command:
             _kind, opt = devices[flag]
             if colon and not opt.named or not colon and not opt.short:
                 raise _invalid(arg)
-            if colon and not _NAME_OK.match(name):
+            if colon and not _name_ok(name):
                 raise UsageError(f"{arg}: invalid device name '{name}' (1-67 of [A-Za-z0-9])")
             if opt.takes_value and given_value is None:
                 i += 1
@@ -683,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # SIGUSR1 asks a running guest's counters (statsview.py); before the
     # guest runs there are none to print, and it must not kill pyvmm.
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    _signal.signal(_signal.SIGUSR1, _signal.SIG_IGN)
     try:
         _standard_fds()
         if argv[:1] in (["serve"], ["run"]):  # the warm launcher and its client
@@ -725,8 +759,8 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"pyvmm: {err}")
         return err.exit_status
     except KeyboardInterrupt:  # called without pyvmm.entry (tests, a program)
-        _say(f"pyvmm: {stop_text(signal.SIGINT)}")
-        return 128 + signal.SIGINT
+        _say(f"pyvmm: {stop_text(_signal.SIGINT)}")
+        return 128 + _signal.SIGINT
     except Exception as err:  # a pyvmm bug: still one line, details on request
         if entry.stop_signal() or os.environ.get("PYVMM_DEBUG"):
             raise

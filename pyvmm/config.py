@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
 from typing import Any
 
 from pyvmm.errors import UsageError
@@ -13,24 +11,35 @@ DEFAULT_MEM_MIB = 512
 DEFAULT_SHM_MODE = "event"
 
 
+def is_decimal(text: str) -> bool:
+    """ASCII digits only (str.isdigit alone accepts other scripts' digits)."""
+    return text.isascii() and text.isdigit()
+
+
 def positive_int(option: str, text: str, most: int | None = None) -> int:
     """An option's value as a positive decimal integer (ASCII digits only)."""
-    if not re.fullmatch(r"[0-9]+", text) or int(text) <= 0:
+    if not is_decimal(text) or int(text) <= 0:
         raise UsageError(f"{option}: '{text}' is not a positive integer")
     if most is not None and int(text) > most:
         raise UsageError(f"{option}: {text} is more than {most}")
     return int(text)
 
 
-@dataclass
 class VmConfig:
+    """Every setting of a run; keyword arguments name them, the class
+    attributes below are the defaults (lists and dicts are fresh copies).
+
+    A plain class, not a dataclass: the dataclasses module and the code it
+    generates cost the command milliseconds of every start (docs/startup.md).
+    """
+
     kernel: str
-    guest_args: list[str] = field(default_factory=list)
+    guest_args: list[str] = []
     mem_mib: int = DEFAULT_MEM_MIB
     # Device options (pyvmm.devices): flag -> {device name: value}, e.g.
     # {"net": {"service0": "tap100"}, "block": {"storage": "disk.img"}};
     # the short form --net=IFACE is stored under the name None.
-    devices: dict[str, dict[str | None, Any]] = field(default_factory=dict)
+    devices: dict[str, dict[str | None, Any]] = {}
     # Privilege level of the guest: "auto", "0" or "3" (see plan.choose_cpl).
     cpl: str = "auto"
     # shmstream: None = auto (DEFAULT_SHM_MODE for guests that ask for it),
@@ -57,3 +66,29 @@ class VmConfig:
     stats: bool = False
     stats_interval: float | None = None
     stats_json: str | None = None
+
+    def __init__(self, kernel: str, **settings: Any) -> None:
+        self.kernel = kernel
+        self.guest_args = []
+        self.devices = {}
+        for name, value in settings.items():
+            if name not in _SETTINGS:
+                raise TypeError(f"VmConfig() got an unexpected keyword argument '{name}'")
+            setattr(self, name, value)
+
+    def _values(self) -> tuple:
+        return tuple(getattr(self, name) for name in ("kernel", *_SETTINGS))
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not VmConfig:
+            return NotImplemented
+        return self._values() == other._values()
+
+    __hash__ = None  # type: ignore[assignment]  (mutable, as the dataclass was)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in ("kernel", *_SETTINGS))
+        return f"VmConfig({shown})"
+
+
+_SETTINGS = tuple(name for name in VmConfig.__annotations__ if name != "kernel")

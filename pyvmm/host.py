@@ -2,24 +2,35 @@
 
 from __future__ import annotations
 
-import platform
-from dataclasses import dataclass
+import os
 
 from pyvmm._native import lib
 from pyvmm.errors import HostError
 from pyvmm.kvm.system import System, kvm_flavour
 
 
-@dataclass(frozen=True)
 class HostInfo:
-    machine: str
-    flavour: str
-    ioeventfd: bool
-    stats_fd: bool
-    readonly_mem: bool
-    cycle_freq: int | None
-    #: What KVM offers that only this architecture has (KVM_CHECK_EXTENSION).
-    arch_features: tuple[str, ...] = ()
+    """What --version reports (a plain class: no dataclasses on its path)."""
+
+    def __init__(
+        self,
+        *,
+        machine: str,
+        flavour: str,
+        ioeventfd: bool,
+        stats_fd: bool,
+        readonly_mem: bool,
+        cycle_freq: int | None,
+        arch_features: tuple[str, ...] = (),
+    ) -> None:
+        self.machine = machine
+        self.flavour = flavour
+        self.ioeventfd = ioeventfd
+        self.stats_fd = stats_fd
+        self.readonly_mem = readonly_mem
+        self.cycle_freq = cycle_freq
+        #: What KVM offers that only this architecture has (KVM_CHECK_EXTENSION).
+        self.arch_features = arch_features
 
 
 # arm64: KVM capabilities worth knowing about a real host (pyvmm needs none
@@ -35,7 +46,7 @@ ARM64_CAPS = (
 
 
 def arch_features(system: System) -> tuple[str, ...]:
-    if platform.machine() != "aarch64":
+    if os.uname().machine != "aarch64":
         return ()
     features = []
     for label, cap in ARM64_CAPS:
@@ -53,7 +64,7 @@ def cycle_freq(system: System) -> int | None:
     makes, not through pyvmm.arch: importing an architecture (page tables,
     CPU state, decoder) would be most of --version's time (docs/startup.md);
     tests/test_documented.py checks both give the same value."""
-    machine = platform.machine()
+    machine = os.uname().machine
     try:
         if machine == "aarch64" and hasattr(lib, "pyvmm_arm64_cntfrq"):
             return int(lib.pyvmm_arm64_cntfrq())
@@ -70,7 +81,7 @@ def cycle_freq(system: System) -> int | None:
 
 def host_info(system: System) -> HostInfo:
     return HostInfo(
-        machine=platform.machine(),
+        machine=os.uname().machine,
         flavour=kvm_flavour(),
         ioeventfd=bool(system.check_extension(lib.KVM_CAP_IOEVENTFD)),
         stats_fd=bool(system.check_extension(lib.KVM_CAP_BINARY_STATS_FD)),

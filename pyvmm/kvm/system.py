@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import platform
 
 from pyvmm._native import lib
 from pyvmm.errors import HostError
@@ -25,7 +24,7 @@ def kvm_flavour() -> str:
     ):
         if os.path.isdir(f"/sys/module/{module}"):
             return name
-    return "arm64" if platform.machine() == "aarch64" else "unknown"
+    return "arm64" if os.uname().machine == "aarch64" else "unknown"
 
 
 class System(OwnedFd):
