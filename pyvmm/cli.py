@@ -443,6 +443,8 @@ def usage() -> str:
     lines = [
         "usage: pyvmm [OPTIONS] [--] KERNEL [ARGS...]",
         "       pyvmm --query-manifest [--json] KERNEL",
+        "       pyvmm serve --api-sock PATH",
+        "       pyvmm run --api-sock PATH [OPTIONS] [--] KERNEL [ARGS...]",
         "",
         "Run a Solo5 hvt unikernel on KVM. Options (solo5-hvt's, and pyvmm's own):",
     ]
@@ -458,6 +460,11 @@ def usage() -> str:
         "An option that takes a value accepts --opt=VALUE and --opt VALUE; each",
         "option may be given once. Everything after KERNEL is the guest's",
         "command line.",
+        "",
+        "pyvmm serve: a warm launcher: pyvmm imported once, then each VM started",
+        "as its own child process on request over the Unix socket PATH (HTTP/JSON,",
+        "docs/serve.md). pyvmm run --api-sock PATH: the command through it (the",
+        "same options, console and exit status).",
         "",
         "Exit status:",
     ]

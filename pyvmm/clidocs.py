@@ -48,8 +48,23 @@ def man_page() -> str:
         ".br",
         ".B pyvmm \\-\\-query\\-manifest",
         "[\\fB\\-\\-json\\fR] \\fIKERNEL\\fR",
+        ".br",
+        ".B pyvmm serve \\-\\-api\\-sock",
+        "\\fIPATH\\fR",
+        ".br",
+        ".B pyvmm run \\-\\-api\\-sock",
+        "\\fIPATH\\fR [\\fIOPTIONS\\fR] [\\fB\\-\\-\\fR] \\fIKERNEL\\fR [\\fIARGS\\fR...]",
         ".SH DESCRIPTION",
         DESCRIPTION,
+        ".PP",
+        _para(
+            "pyvmm serve is a warm launcher: it imports pyvmm once, then starts each VM as "
+            "its own child process on request over the Unix socket PATH (HTTP with JSON "
+            "bodies: create, list, wait, counters, stop; pools of VMs prepared ahead). "
+            "pyvmm run --api-sock PATH runs a guest through it with the command's options, "
+            "console and exit status. SIGTERM or SIGINT to the launcher stops its VMs; "
+            "they also end if it is killed. docs/serve.md in pyvmm's source has the API."
+        ),
         ".SH OPTIONS",
     ]
     for entry in cli.help_entries():
