@@ -283,7 +283,9 @@ def main(spec: ChildSpec, channel: int, parent: int, forked_ns: int) -> int:
     Stop signals are blocked on entry (the launcher blocks them around the
     fork) and unblocked here once this process's own handlers are in."""
     times = {"forked": forked_ns, "child": time.monotonic_ns()}
-    modules = set(sys.modules)
+    # Only a count: a set of the names would write to every name's page
+    # (reference counts), which the launcher shares with every child.
+    modules = len(sys.modules)
     die_with_parent(parent)
     os.setpgid(0, 0)  # a Ctrl-C meant for the launcher's terminal is the launcher's
     for signum in STOP_SIGNALS:
@@ -320,7 +322,7 @@ def main(spec: ChildSpec, channel: int, parent: int, forked_ns: int) -> int:
             traceback.print_exc()
         _send(channel, {"event": "error", "message": line, "status": 1, "internal": True})
         _say(line)
-    new = sorted(set(sys.modules) - modules)
-    if new:
+    if len(sys.modules) != modules:
+        new = sorted(list(sys.modules)[modules:])
         _send(channel, {"event": "imports", "imported_after_fork": new})
     return status
