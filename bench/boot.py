@@ -1,79 +1,184 @@
-"""Boot-to-exit time and peak RSS of guests under pyvmm, side by side.
+"""Boot-to-exit time of a unikernel under pyvmm and other tenders, side by
+side, and where pyvmm's time goes.
 
-    python3 bench/boot.py [--runs 20]
+    python3 bench/boot.py [--runs 20] [--kernel guests/bin/hello.hvt]
+                          [--peer solo5-hvt=/var/cache/pyvmm-solo5/bin/solo5-hvt]
+                          [--phases] [--json FILE]
 
-Each row runs a command --runs times (one warm-up first) and reports the
-median and 90th percentile wall time and the largest peak RSS, taken from
-wait4()'s rusage of the child, so it is the pyvmm process alone. The
-"python3 -c pass" row is the floor any Python tender pays to start.
+Each row runs a command --runs times after one warm-up; the rows take
+turns (run 1 of every row, then run 2, ...), so a machine whose load
+changes treats them alike. A row reports the median and 90th percentile
+wall time from fork to wait4, the median CPU time (user + system, from
+wait4's rusage: less sensitive to other processes than wall time). No
+peak RSS: a child's ru_maxrss starts from this Python process's own, which
+it was forked from (bench/density.py measures memory). ``--peer NAME=PATH``
+adds a row running PATH on the same kernel (solo5-hvt runs pyvmm's own
+guests as well as Solo5's), the comparison issue 12 asks for; the
+"python3 -I -S -c pass" row is the floor any tender written in Python
+pays to start.
+
+``--phases`` also runs ``pyvmm --trace=FILE KERNEL`` --runs times and
+prints the median of every phase (docs/startup.md): from the fork in this
+process to the launcher's first instruction ("spawn"), pyvmm's own phases,
+and from its last mark to wait4's return ("process exit": the kernel
+closing what is left, the VM among it).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 GUESTS = ROOT / "guests" / "bin"
+LAUNCHER = ROOT / "pyvmm" / "_launcher"  # what scripts/setup installs as `pyvmm`
+CLOCK = time.CLOCK_BOOTTIME  # the clock --trace's times are on
 
 
-def measure(argv: list[str], runs: int) -> tuple[np.ndarray, int, int]:
-    times, rss, status = [], 0, 0
-    for i in range(runs + 1):
-        start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _, wait_status, usage = os.wait4(proc.pid, 0)
-        elapsed = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(wait_status)
-        status = proc.returncode
-        if i:  # the first run warms the page cache
-            times.append(elapsed)
-            rss = max(rss, usage.ru_maxrss)
-    return np.array(times) * 1000, rss, status
+def run_once(argv: list[str]) -> tuple[float, float, int, int, int]:
+    """(wall ms, CPU ms, exit status, fork ns, end ns)."""
+    fork_ns = time.clock_gettime_ns(CLOCK)
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, wait_status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - start
+    end_ns = time.clock_gettime_ns(CLOCK)
+    proc.returncode = os.waitstatus_to_exitcode(wait_status)
+    cpu = (usage.ru_utime + usage.ru_stime) * 1000
+    return elapsed * 1000, cpu, proc.returncode, fork_ns, end_ns
 
 
-def rows(runs: int) -> list[tuple[str, list[str]]]:
+def rows(kernel: Path, peers: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
     py = [sys.executable]
-    pyvmm = py + ["-m", "pyvmm"]
-    return [
+    pyvmm = [str(LAUNCHER)]
+    name = kernel.name
+    out = [
+        ("python3 -I -S -c pass", py + ["-I", "-S", "-c", "pass"]),
         ("python3 -c pass", py + ["-c", "pass"]),
         ("pyvmm --version", pyvmm + ["--version"]),
-        ("pyvmm hello.hvt", pyvmm + [str(GUESTS / "hello.hvt")]),
-        ("pyvmm --no-sandbox hello.hvt", pyvmm + ["--no-sandbox", str(GUESTS / "hello.hvt")]),
-        ("pyvmm --mem=8 hello.hvt", pyvmm + ["--mem=8", str(GUESTS / "hello.hvt")]),
+        (f"pyvmm {name}", pyvmm + [str(kernel)]),
+        (f"python3 -m pyvmm {name}", py + ["-m", "pyvmm", str(kernel)]),
+        (f"pyvmm --no-sandbox {name}", pyvmm + ["--no-sandbox", str(kernel)]),
+        (f"pyvmm --mem=8 {name}", pyvmm + ["--mem=8", str(kernel)]),
     ]
+    out += [(f"{peer} {name}", [path, str(kernel)]) for peer, path in peers]
+    return out
+
+
+def side_by_side(table: list[tuple[str, list[str]]], runs: int) -> list[dict]:
+    results = [{"row": label, "argv": argv, "wall": [], "cpu": []} for label, argv in table]
+    for i in range(runs + 1):
+        for result in results:
+            wall, cpu, status, _, _ = run_once(result["argv"])
+            result["status"] = status
+            if i:  # the first round warms the page cache
+                result["wall"].append(wall)
+                result["cpu"].append(cpu)
+    return results
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def phases(kernel: Path, runs: int) -> list[tuple[str, float]]:
+    """The median duration (ms) of every phase of ``pyvmm --trace``."""
+    per_phase: dict[str, list[float]] = {}
+    order: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "trace.json"
+        for i in range(runs + 1):
+            _, _, status, fork_ns, end_ns = run_once([str(LAUNCHER), f"--trace={out}", str(kernel)])
+            if status != 0:
+                raise SystemExit(f"pyvmm --trace {kernel} exited with {status}")
+            data = json.loads(out.read_text())
+            start_ns = data["otherData"]["start_ns"]
+            spans = [e for e in data["traceEvents"] if e["ph"] == "X"]
+            last_ns = start_ns + (spans[-1]["ts"] + spans[-1]["dur"]) * 1000
+            timeline = [("spawn (fork, exec of the launcher)", (start_ns - fork_ns) / 1e6)]
+            timeline += [(e["name"], e["dur"] / 1000) for e in spans]
+            exiting = (end_ns - last_ns) / 1e6
+            timeline.append(("process exit (the kernel: fds, VM, memory)", exiting))
+            if not i:
+                continue  # warm-up
+            for name, ms in timeline:
+                if name not in per_phase:
+                    order.append(name)
+                per_phase.setdefault(name, []).append(ms)
+    return [(name, statistics.median(per_phase[name])) for name in order]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
-    args = parser.parse_args()
-    import importlib.util
-
-    import pyvmm.vmm
-
-    # Whether imports read bytecode or compile the sources on every start
-    # (PYTHONDONTWRITEBYTECODE with no compiled files: scripts/setup compiles).
-    cached = Path(importlib.util.cache_from_source(pyvmm.vmm.__file__)).exists()
-    print(
-        f"# {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
-        f"kernel {platform.release()}, {args.runs} runs each, "
-        f"pyvmm bytecode {'compiled' if cached else 'NOT compiled (sources parsed each start)'}"
+    parser.add_argument("--kernel", type=Path, default=GUESTS / "hello.hvt")
+    parser.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="another tender to run on the same kernel (repeatable)",
     )
-    print(f"{'command':<28} {'median ms':>10} {'p90 ms':>8} {'peak RSS MiB':>13} {'exit':>5}")
-    for label, argv in rows(args.runs):
-        times, rss_kib, status = measure(argv, args.runs)
+    parser.add_argument("--phases", action="store_true", help="the median --trace breakdown")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    peers = []
+    for spec in args.peer:
+        name, eq, path = spec.partition("=")
+        if not eq or not os.access(path, os.X_OK):
+            parser.error(f"--peer {spec}: want NAME=PATH of an executable")
+        peers.append((name, path))
+    if not os.access(LAUNCHER, os.X_OK):
+        parser.error(f"{LAUNCHER} is missing: run scripts/setup")
+
+    load = os.getloadavg()[0]
+    print(
+        f"# {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, kernel "
+        f"{platform.release()}, load {load:.2f}, {args.runs} runs per row, interleaved"
+    )
+    results = side_by_side(rows(args.kernel, peers), args.runs)
+    print(f"{'command':<34} {'median ms':>10} {'p90 ms':>8} {'CPU ms':>7} {'exit':>5}")
+    for r in results:
         print(
-            f"{label:<28} {np.median(times):>10.1f} {np.percentile(times, 90):>8.1f} "
-            f"{rss_kib / 1024:>13.1f} {status:>5}"
+            f"{r['row']:<34} {statistics.median(r['wall']):>10.1f} "
+            f"{percentile(r['wall'], 0.9):>8.1f} {statistics.median(r['cpu']):>7.1f} "
+            f"{r['status']:>5}"
         )
+    breakdown = []
+    if args.phases:
+        breakdown = phases(args.kernel, args.runs)
+        total = sum(ms for _, ms in breakdown)
+        print(f"\n# pyvmm --trace {args.kernel.name}: median per phase over {args.runs} runs")
+        print(f"{'phase':<50} {'median ms':>10}")
+        for name, ms in breakdown:
+            print(f"{name:<50} {ms:>10.2f}")
+        print(f"{'sum of the medians':<50} {total:>10.2f}")
+    if args.json:
+        data = {
+            "load": load,
+            "runs": args.runs,
+            "rows": [
+                {
+                    "row": r["row"],
+                    "median_ms": statistics.median(r["wall"]),
+                    "p90_ms": percentile(r["wall"], 0.9),
+                    "cpu_ms": statistics.median(r["cpu"]),
+                    "status": r["status"],
+                }
+                for r in results
+            ],
+            "phases_ms": dict(breakdown),
+        }
+        args.json.write_text(json.dumps(data, indent=1) + "\n")
     return 0
 
 
