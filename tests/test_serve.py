@@ -299,6 +299,39 @@ def holders(tap: str) -> list[int]:
     return found
 
 
+SEND_50 = (
+    "import socket\n"
+    "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+    "for _ in range(50): s.sendto(b'x' * 64, ('10.0.0.2', 5000))\n"
+)
+
+
+@pytest.mark.netns
+@pytest.mark.parametrize("shm", ["poll", "off"])
+def test_a_networked_vm_through_the_launcher(tmp_path, shm):
+    """A tap in the test's namespace: the VM receives, its counters show it,
+    its run imports nothing after the fork, and a stop releases the tap."""
+    tap = f"pvn{os.getpid() % 100000}"
+    with NetNamespace() as ns:
+        ns.add_tap(tap, address="10.0.0.1/24")
+        server = Launcher(tmp_path, popen=ns.popen)
+        try:
+            out = tmp_path / "console"
+            argv = [f"--shm={shm}", f"--net={tap}", guest("udpsink"), "10.0.0.2", "5000"]
+            status, vm = server.create("--mem=64", *argv, stdout=str(out))
+            assert status == 201, vm
+            wait_for(out, "ready")
+            ns.run([sys.executable, "-c", SEND_50], check=True)
+            status, stats = server.api("GET", f"/vms/{vm['id']}/stats")
+            assert status == 200 and stats["schema"] == "pyvmm-stats/1", stats
+            status, end = server.api("POST", f"/vms/{vm['id']}/stop")
+            assert end["exit_status"] == 128 + signal.SIGTERM, end
+            assert "imported_after_fork" not in end, end
+            assert holders(tap) == []
+        finally:
+            assert server.stop() == 128 + signal.SIGTERM
+
+
 @pytest.mark.netns
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_a_launcher_ended_leaves_no_vm_and_no_tap_behind(tmp_path, sig):

@@ -22,12 +22,14 @@ import platform
 from collections import OrderedDict
 from typing import Any
 
-#: Imported in the launcher: everything ``Vmm`` and the child's runner can
-#: reach, including what some paths import lazily (deprivileged mode's
-#: trap emulator, --stats, --user, fault explanation).
+#: Imported in the launcher, every module in them: everything ``Vmm`` and
+#: the child's runner can reach, including what a run imports only when it
+#: needs it (the tap code, the trap emulator, --stats, --user).
+PACKAGES = ("pyvmm.devices", "pyvmm.hvt", "pyvmm.kvm", "pyvmm.loader")
 MODULES = (
     "ctypes",
     "json",
+    "logging",
     "pwd",
     "pyvmm.vmm",
     "pyvmm.plan",
@@ -35,19 +37,13 @@ MODULES = (
     "pyvmm.statsview",
     "pyvmm.sandbox",
     "pyvmm.faults",
-    "pyvmm.hvt.fastpath",
-    "pyvmm.devices.net",
-    "pyvmm.devices.block",
-    "pyvmm.kvm.stats",
-    "pyvmm.loader",
+    "pyvmm.iothread",
+    "pyvmm.netns",
     "pyvmm.arch",
     "pyvmm.serve.child",
 )
-#: Imported when the host has them (one architecture's modules).
-HOST_MODULES = {
-    "x86_64": ("pyvmm.arch.x86_64", "pyvmm.arch.x86_64.traps", "pyvmm.arch.x86_64.faults"),
-    "aarch64": ("pyvmm.arch.aarch64",),
-}
+#: The host architecture's package (every module in it).
+HOST_PACKAGES = {"x86_64": "pyvmm.arch.x86_64", "aarch64": "pyvmm.arch.aarch64"}
 
 
 class HostFacts:
@@ -62,8 +58,15 @@ class HostFacts:
 
 
 def import_all(machine: str) -> None:
-    for name in MODULES + HOST_MODULES.get(machine, ()):
+    import pkgutil
+
+    for name in MODULES:
         importlib.import_module(name)
+    packages = PACKAGES + ((HOST_PACKAGES[machine],) if machine in HOST_PACKAGES else ())
+    for name in packages:
+        package = importlib.import_module(name)
+        for module in pkgutil.walk_packages(package.__path__, name + "."):
+            importlib.import_module(module.name)
 
 
 def _cache_page_tables() -> Any:
