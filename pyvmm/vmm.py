@@ -28,7 +28,7 @@ from pyvmm.faults import fault
 from pyvmm.hvt.bootinfo import BootInfo
 from pyvmm.hvt.hypercalls import Halt, Hypercalls
 from pyvmm.iothread import MODES
-from pyvmm.kvm import Interrupted, System
+from pyvmm.kvm import Interrupted, IoOut, Mmio, System, VcpuExit
 from pyvmm.kvm.stats import KvmStats
 from pyvmm.kvm.system import kvm_flavour
 from pyvmm.loader import DeviceType, load_kernel, page_protections, place
@@ -143,7 +143,7 @@ class Vmm:
         self.exit_handler = plan.arch.exit_handler(plan.mode, vcpu, memory)
         self.stop_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         stack.callback(os.close, self.stop_fd)
-        self._register_null_kick()
+        self._prepare_null_kick()
         self.hypercalls = Hypercalls(memory, Console(), self.devices, self.stop_fd, shm)
         # PYVMM_PY_HYPERCALLS=1 answers every hypercall in Python (for
         # comparison and diagnosis; docs/architecture.md).
@@ -183,13 +183,34 @@ class Vmm:
         )
         return boot, shm
 
-    def _register_null_kick(self) -> None:
-        """Let guests measure a kick: KVM absorbs writes to this doorbell."""
+    def _prepare_null_kick(self) -> None:
+        """Let guests measure a kick: KVM absorbs writes to this doorbell.
+
+        Registered at the guest's first write to it, not here: a VM with an
+        ioeventfd takes KVM 10-15 ms more to destroy (an SRCU grace period;
+        measured on this host, docs/startup.md), which every guest would pay
+        at exit for the few that kick. The eventfd is made now, before the
+        sandbox, which refuses creating one; the first kick reaches pyvmm
+        (``_null_kick``), the others stay in the kernel."""
+        self.null_kick_fd = -1
         if not self.system.check_extension(lib.KVM_CAP_IOEVENTFD):
             return
-        fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-        self.stack.callback(os.close, fd)
-        self.plan.arch.add_doorbell(self.vm, fd, lib.PYVMM_NULL_KICK_PIO)
+        self.null_kick_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self.stack.callback(os.close, self.null_kick_fd)
+
+    def _null_kick(self, exit: VcpuExit) -> bool:
+        """A write to the null-kick doorbell not yet registered: register it
+        (the write itself is done: the guest continues after it)."""
+        if self.null_kick_fd < 0:
+            return False
+        if type(exit) is IoOut:
+            hit = exit.port == lib.PYVMM_NULL_KICK_PIO and exit.size == 4
+        else:
+            hit = type(exit) is Mmio and exit.is_write and exit.addr == lib.PYVMM_NULL_KICK_MMIO
+        if hit:
+            self.plan.arch.add_doorbell(self.vm, self.null_kick_fd, lib.PYVMM_NULL_KICK_PIO)
+            self.null_kick_fd = -1  # closed by the stack
+        return hit
 
     def close(self) -> None:
         self.stack.close()
@@ -290,7 +311,7 @@ class Vmm:
             elif arch_answers is not None and arch_answers(exit):
                 if lib.pyvmm_stop_signal():
                     raise Stopped(lib.pyvmm_stop_signal())
-            else:
+            elif not self._null_kick(exit):
                 raise fault(exit, self.plan.arch, vcpu, self.memory)
 
 
