@@ -10,7 +10,6 @@ releases all of it.
 from __future__ import annotations
 
 import os
-import platform
 import threading
 import time
 from contextlib import ExitStack
@@ -75,7 +74,7 @@ class Vmm:
         self.running_lock = threading.Lock()
         try:
             self.plan = plan or make_plan(
-                config, machine=platform.machine(), flavour=kvm_flavour(), load=_traced_load
+                config, machine=os.uname().machine, flavour=kvm_flavour(), load=_traced_load
             )
             trace.mark("plan")
             self._bring_up(self.plan)

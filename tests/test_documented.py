@@ -133,7 +133,7 @@ def test_host_info_reports_what_the_host_provides(option):
 @pytest.mark.kvm
 def test_an_extension_built_elsewhere_is_refused_through_the_command_line(tmp_path):
     """An aarch64 host with an extension built for x86_64: one line, exit 1.
-    The host is faked in a child interpreter only (platform.machine)."""
+    The host is faked in a child interpreter only (os.uname)."""
     kernel = helpers.patch(
         guest("hello"),
         tmp_path / "hello-arm.hvt",
@@ -142,8 +142,9 @@ def test_an_extension_built_elsewhere_is_refused_through_the_command_line(tmp_pa
     )
     script = textwrap.dedent(
         """
-        import platform, runpy, sys
-        platform.machine = lambda: "aarch64"
+        import os, posix, runpy, sys
+        host = os.uname()
+        os.uname = lambda: posix.uname_result((*host[:4], "aarch64"))
         sys.argv = ["pyvmm", sys.argv[1]]
         runpy.run_module("pyvmm", run_name="__main__")
         """

@@ -13,7 +13,7 @@ and the hypercall transport are per architecture (csrc/), the rest shared.
 from __future__ import annotations
 
 import importlib
-import platform
+import os
 from typing import TYPE_CHECKING, Protocol
 
 from pyvmm.errors import HostError
@@ -88,7 +88,7 @@ class Arch(Protocol):
 
 def host_arch(machine: str | None = None) -> Arch:
     """The architecture pyvmm runs guests on here; one clear line if none."""
-    machine = machine or platform.machine()
+    machine = machine or os.uname().machine  # platform.machine(), without its import
     name = ARCHES.get(machine)
     if name is None:
         written = ", ".join(ARCHES)
