@@ -282,6 +282,29 @@ def test_run_client_passes_a_stop_signal_to_the_vm(launcher, sig):
     assert err.strip() == f"pyvmm: stopped by {sig.name} (Exiting on signal {sig.value})"
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_run_client_when_the_launcher_ends(tmp_path, sig):
+    """Stopped, the launcher stops the VM and the client exits as the VM
+    did; killed, the VM dies with it and the client says so in one line."""
+    server = Launcher(tmp_path)
+    proc = client(server, "--mem=64", guest("spin"))
+    assert proc.stdout.readline().strip() == "spinning"
+    vm = server.api("GET", "/vms")[1]["vms"][0]
+    server.stop(sig)
+    _, err = proc.communicate(timeout=60)
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 128 + signal.SIGTERM
+        assert err.strip() == "pyvmm: stopped by SIGTERM (Exiting on signal 15)"
+    else:  # the client's line, and the VM's own (it shares the client's stderr)
+        assert proc.returncode == 1
+        lines = err.strip().splitlines()
+        ours = [line for line in lines if line.startswith("pyvmm: the launcher closed")]
+        assert len(ours) == 1, err
+        rest = [line for line in lines if line not in ours]
+        assert rest in ([], ["pyvmm: stopped by SIGTERM (Exiting on signal 15)"]), err
+    assert gone(vm["pid"])
+
+
 # -- a launcher that ends with running VMs ------------------------------------------
 
 

@@ -3,8 +3,9 @@
 The client asks the launcher to create the VM with its own command line,
 its working directory and its own stdout and stderr (passed over the
 socket, SCM_RIGHTS), so the guest's console and pyvmm's lines appear where
-the command's would; then it waits for the end and exits with the guest's
-status. A stop signal while it waits is passed on to the VM (POST
+the command's would, and to answer when the VM has ended (``"wait":
+true``, on the same connection, so the end cannot be missed); it exits
+with the guest's status. A stop signal while it waits is passed on to the VM (POST
 /vms/ID/stop with that signal), which ends as the command would: 128 + N
 and the same line. It imports nothing of the launcher's, so it starts as
 fast as the interpreter and cli.py allow.
@@ -17,6 +18,7 @@ import selectors
 import signal
 import socket
 import sys
+import time
 from typing import Any
 
 from pyvmm.serve import http
@@ -75,6 +77,8 @@ def receive(sock: socket.socket) -> tuple[int, Any]:
         if not chunk:
             break
         chunks.append(chunk)
+    if not chunks:
+        raise ClientError("the launcher closed the connection without an answer (did it stop?)")
     try:
         return http.parse_response(b"".join(chunks))
     except ValueError as err:
@@ -88,63 +92,40 @@ def _error_line(status: int, body: Any) -> str:
     return message if message.startswith("pyvmm: ") else f"pyvmm: {message}"
 
 
-class _Waiter:
-    """Waits for GET /vms/ID/wait while passing stop signals on."""
-
-    def __init__(self, path: str, vm_id: str) -> None:
-        self.path = path
-        self.vm_id = vm_id
-        self.signals: list[int] = []
-        self.read, self.write = socket.socketpair()
-        self.write.setblocking(False)
-
-    def _record(self, signum: int, frame: Any) -> None:
-        self.signals.append(signum)
-
-    def wait(self) -> Any:
-        old = signal.set_wakeup_fd(self.write.fileno(), warn_on_full_buffer=False)
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, self._record)
-        sock = connect(self.path)
-        try:
-            send(sock, "GET", f"/vms/{self.vm_id}/wait")
-            with selectors.DefaultSelector() as sel:
-                sel.register(sock, selectors.EVENT_READ)
-                sel.register(self.read, selectors.EVENT_READ)
-                while True:
-                    self._pass_signals()
-                    ready = [key.fileobj for key, _ in sel.select()]
-                    if sock in ready:
-                        return receive(sock)
-                    self.read.recv(64)
-        finally:
-            sock.close()
-            signal.set_wakeup_fd(old)
-
-    def _pass_signals(self) -> None:
-        while self.signals:
-            name = signal.Signals(self.signals.pop(0)).name
-            call(self.path, "POST", f"/vms/{self.vm_id}/stop", {"signal": name})
-
-
 def run(path: str, argv: list[str]) -> int:
-    """Create the VM, wait for its end; the guest's exit status."""
-    waiter_signals: list[int] = []
+    """Create the VM and wait for its end on one connection (so its end is
+    never missed); the guest's exit status. Stop signals go to the VM."""
+    vm_id = f"run-{os.getpid()}-{time.monotonic_ns()}"  # known before the answer
+    signals: list[int] = []
+    read, write = socket.socketpair()
+    write.setblocking(False)
 
-    def early(signum: int, frame: Any) -> None:
-        waiter_signals.append(signum)
+    def record(signum: int, frame: Any) -> None:
+        signals.append(signum)
 
-    for signum in STOP_SIGNALS:  # until the VM exists, a stop is kept for it
-        signal.signal(signum, early)
-    body = {"argv": argv, "cwd": os.getcwd()}
-    status, answer = call(path, "POST", "/vms", body, fds=[1, 2])
-    if status != 201:
+    old = signal.set_wakeup_fd(write.fileno(), warn_on_full_buffer=False)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, record)
+    body = {"argv": argv, "cwd": os.getcwd(), "id": vm_id, "wait": True}
+    sock = connect(path)
+    try:
+        send(sock, "POST", "/vms", body, fds=[1, 2])
+        with selectors.DefaultSelector() as sel:
+            sel.register(sock, selectors.EVENT_READ)
+            sel.register(read, selectors.EVENT_READ)
+            while True:
+                while signals:  # passed on: the VM ends as the command would
+                    name = signal.Signals(signals.pop(0)).name
+                    call(path, "POST", f"/vms/{vm_id}/stop", {"signal": name})
+                if sock in [key.fileobj for key, _ in sel.select()]:
+                    status, answer = receive(sock)
+                    break
+                read.recv(64)
+    finally:
+        sock.close()
+        signal.set_wakeup_fd(old)
+    if status != 200 or not isinstance(answer, dict):
         sys.stderr.write(_error_line(status, answer) + "\n")
         exit_status = answer.get("exit_status") if isinstance(answer, dict) else None
         return exit_status if isinstance(exit_status, int) and exit_status else 1
-    waiter = _Waiter(path, str(answer["id"]))
-    waiter.signals += waiter_signals
-    status, final = waiter.wait()
-    if status != 200 or not isinstance(final, dict):
-        raise ClientError(_error_line(status, final)[len("pyvmm: ") :])
-    return int(final["exit_status"])
+    return int(answer["exit_status"])

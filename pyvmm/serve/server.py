@@ -162,6 +162,7 @@ class Launcher:
                 for key, mask in self.selector.select(timeout):
                     key.data(mask)
                 self._run_timers()
+            self._drain()
         finally:
             signal.set_wakeup_fd(-1)
             self._close()
@@ -176,6 +177,17 @@ class Launcher:
         for signum in STOP_SIGNALS:
             signal.signal(signum, cls._on_signal)
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+    def _drain(self, seconds: float = 1.0) -> None:
+        """Every VM has ended: answer the connections still queued or
+        reading (a client that asked for a VM's end as it came), briefly."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            events = self.selector.select(0.05 if self.conns else 0)
+            if not events and not self.conns:
+                return
+            for key, mask in events:
+                key.data(mask)
 
     @classmethod
     def _on_signal(cls, signum: int, frame: Any) -> None:
@@ -197,8 +209,7 @@ class Launcher:
         first = not self.stopping
         self.stopping = self.stopping or signum
         if first:
-            self.selector.unregister(self.listener)
-            self.listener.close()
+            # Nobody new can connect; those already queued are still served.
             self._unlink()
         self.pools.clear()
         for vm in list(self.live.values()):
@@ -227,8 +238,8 @@ class Launcher:
                 with contextlib.suppress(OSError):
                     conn.sock.sendall(conn.out)
             conn.close()
+        self.listener.close()
         if not self.stopping:
-            self.listener.close()
             self._unlink()
         self._wake_r.close()
         self._wake_w.close()
@@ -403,7 +414,9 @@ class Launcher:
             vm = spawn(vm_id, prepared, arrived, self.close_in_child)
             self._track(vm)
         self.vms[vm.id] = vm
-        self.waiters[vm.pid].append((conn, "create"))
+        # "wait": true answers at the end (the client's one connection).
+        kind = "create+wait" if body.get("wait") is True else "create"
+        self.waiters[vm.pid].append((conn, kind))
         vm.cpu_ns["launcher"] = time.thread_time_ns() - cpu
         return None
 
@@ -597,6 +610,7 @@ class Launcher:
                 status = 500 if event.get("internal") else 400
                 body = {"error": vm.error, "exit_status": event.get("status")}
                 self._answer(vm, "create", status, body)
+                self._answer(vm, "create+wait", status, body)
                 self._refill(vm)
         elif kind == "stats":
             waiting = self.stats_waiters.get(vm.pid)
@@ -642,7 +656,8 @@ class Launcher:
         pending = self.waiters.pop(vm.pid, [])
         forget = any(kind == "delete" for _, kind in pending)
         for conn, kind in pending:
-            if kind == "create":  # it ended before its guest ran, and said nothing
+            if kind == "create" or kind == "create+wait" and "running" not in vm.times:
+                # it ended before its guest ran, and said nothing
                 how = f"killed by {vm.signal}" if vm.signal else f"status {vm.exit_status}"
                 vm.error = vm.error or f"pyvmm: the VM's process ended before its guest ran ({how})"
                 vm.listed = False

@@ -130,7 +130,7 @@ def _optional_str(body: dict[str, Any], key: str) -> str | None:
     return value
 
 
-KNOWN_KEYS = {"argv", "id", "cwd", "stdout", "stderr"}
+KNOWN_KEYS = {"argv", "id", "cwd", "stdout", "stderr", "wait"}
 
 
 @dataclass
