@@ -20,6 +20,7 @@ class Mapping:
     offset: int
     path: str
     kb: dict[str, int] = field(default_factory=dict)
+    flags: frozenset[str] = frozenset()  # VmFlags: "nr" = MAP_NORESERVE, ...
 
     @property
     def size(self) -> int:
@@ -47,6 +48,8 @@ def read(pid: int) -> list[Mapping]:
                         fields[4].strip() if len(fields) > 4 else "",
                     )
                 )
+            elif head == "VmFlags:" and maps:
+                maps[-1].flags = frozenset(rest.split())
             elif head.endswith(":") and maps:
                 value = rest.split()
                 if value and value[0].isdigit():
@@ -61,6 +64,6 @@ def rollup(pid: int) -> dict[str, int]:
         for line in f:
             key, _, rest = line.partition(":")
             value = rest.split()
-            if value and value[0].isdigit():
+            if " " not in key and value and value[0].isdigit():
                 totals[key] = int(value[0])
     return totals
