@@ -106,6 +106,9 @@ SHM_MODES = ("poll", "event", "hybrid")
 SOLO5_RING_GUEST = Path("/var/cache/pyvmm-solo5/bin/udpsink-solo5.hvt")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SNAPSHOT_INTERVAL = "100ms"
+# Latency rows: pyvmm's interval counters cost ~0.8% of a core every 100 ms,
+# more than an idle tender itself; once a second keeps the idle figure its own.
+LATENCY_SNAPSHOT_INTERVAL = "1s"
 # The row every other is a ratio to: the guest programs as one plain process
 # on the tap (bench/baseline.py).
 BASELINE = "process"
@@ -117,7 +120,15 @@ BASELINE = "process"
 class Tender:
     """A tender (pyvmm or a peer) running a guest inside a namespace."""
 
-    def __init__(self, ns: NetNamespace, case: dict, guest_args: list[str], args, tmp: str):
+    def __init__(
+        self,
+        ns: NetNamespace,
+        case: dict,
+        guest_args: list[str],
+        args,
+        tmp: str,
+        interval: str = SNAPSHOT_INTERVAL,
+    ):
         self.case, self.ns = case, ns
         self.stats_path = Path(tmp) / "stats.jsonl"
         self.err_path = Path(tmp) / "stderr"
@@ -129,7 +140,7 @@ class Tender:
                 sys.executable,
                 "-m",
                 "pyvmm",
-                f"--stats={SNAPSHOT_INTERVAL}",
+                f"--stats={interval}",
                 f"--stats-json={self.stats_path}",
                 f"--cpl={case['cpl']}",
                 f"--shm={shm}",
@@ -140,8 +151,9 @@ class Tender:
                 argv += ["--pin", "vcpu=0,io=1" if shm != "off" else "vcpu=0"]
             if args.slots and shm != "off":
                 argv += [f"--shm-slots={args.slots}"]
-            if args.budget and shm == "hybrid":
-                argv += [f"--hybrid-budget={args.budget}"]
+            budget = case.get("budget") or args.budget
+            if budget and shm == "hybrid":
+                argv += [f"--hybrid-budget={budget}"]
             if args.no_sandbox:
                 argv += ["--no-sandbox"]
             if case.get("py"):
@@ -525,7 +537,7 @@ def run_latency(case: dict, args) -> dict:
         ns = namespace_with_tap()
         try:
             case = dict(case, guest=case["lat_guest"])
-            vm = Tender(ns, case, [GUEST_IP, str(PORT)], args, tmp)
+            vm = Tender(ns, case, [GUEST_IP, str(PORT)], args, tmp, LATENCY_SNAPSHOT_INTERVAL)
             # Idle first: the whole tender's CPU while the guest waits for
             # a request that does not come (hybrid must cost next to nothing).
             time.sleep(0.2)
@@ -612,18 +624,21 @@ def cases(args) -> list[dict]:
             if mode not in MODES:
                 raise SystemExit(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
             shm = "off" if mode.startswith("off") else mode
-            rows.append(
-                {
-                    "label": mode + suffix,
-                    "tender": "pyvmm",
-                    "shm": shm,
-                    "cpl": cpl,
-                    "py": mode == "off-py",
-                    "guest": args.guest,
-                    "tx_guest": GUESTS / "udpsend.hvt",
-                    "lat_guest": GUESTS / "udpecho.hvt",
-                }
-            )
+            budgets = [int(b) for b in args.budgets.split(",") if b] if shm == "hybrid" else []
+            for budget in budgets or [0]:
+                rows.append(
+                    {
+                        "label": mode + (f"-{budget}us" if budget else "") + suffix,
+                        "tender": "pyvmm",
+                        "shm": shm,
+                        "cpl": cpl,
+                        "py": mode == "off-py",
+                        "budget": budget,
+                        "guest": args.guest,
+                        "tx_guest": GUESTS / "udpsend.hvt",
+                        "lat_guest": GUESTS / "udpecho.hvt",
+                    }
+                )
         if args.ring_guest:
             for mode in filter(None, args.ring_modes.split(",")):
                 rows.append(
@@ -844,6 +859,11 @@ def main() -> int:
     )
     parser.add_argument("--slots", type=int, default=0, help="--shm-slots (0: default)")
     parser.add_argument("--budget", type=int, default=0, help="--hybrid-budget in us (0: default)")
+    parser.add_argument(
+        "--budgets",
+        default="",
+        help="a hybrid row per --hybrid-budget in this list (e.g. 20,50,200,1000: the sweep)",
+    )
     parser.add_argument("--guest", type=Path, default=GUEST, help="receiving program")
     parser.add_argument("--cpl", default="auto", help="--cpl values to run each mode at")
     parser.add_argument(

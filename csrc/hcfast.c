@@ -46,6 +46,14 @@ enum { ANSWERED, PYTHON };
  * below Python's.
  */
 #define POLL_COALESCE_NS 50000
+/*
+ * ...but not for sparse traffic: when this wait and the one before both
+ * blocked this long or longer, frames come one at a time (requests, pings)
+ * and the moderation would only add its 50 us to every round trip, saving
+ * no exit (bench/pps.py's latency rows, docs/modes.md).  A stream keeps
+ * its batches, also across one pause of the sender.
+ */
+#define POLL_IDLE_NS 200000
 
 /* The host address of [gpa, gpa + len) for access PYVMM_GM_*, or NULL. */
 static uint8_t *guest(const struct pyvmm_fastpath *fp, uint64_t gpa, uint64_t len, int access)
@@ -199,10 +207,10 @@ static int block_io(struct pyvmm_fastpath *fp, uint64_t gpa, int is_read)
 static int poll_hc(struct pyvmm_fastpath *fp, uint64_t gpa, int *interrupted)
 {
     struct hvt_hc_poll arg;
-    uint64_t ready = 0, mask = 0;
+    uint64_t ready = 0, mask = 0, waited;
     int64_t timeout;
     uint8_t *at;
-    int r;
+    int r, sparse;
     uint32_t i, n = fp->n_poll < PYVMM_FAST_MAX_POLL ? fp->n_poll : PYVMM_FAST_MAX_POLL;
 
     LOAD_ARG(fp, gpa, arg, at);
@@ -213,12 +221,16 @@ static int poll_hc(struct pyvmm_fastpath *fp, uint64_t gpa, int *interrupted)
         if (ready)
             timeout = 0;
     }
+    waited = clock_ns(CLOCK_MONOTONIC);
     r = pyvmm_wait_readable(fp->poll_fd, (int)n, timeout, &mask);
+    waited = clock_ns(CLOCK_MONOTONIC) - waited;
     if (r < 0 && r != -EINTR)
         return PYTHON;   /* Python waits again and reports the failure */
     if (r == -EINTR)
         *interrupted = 1;
-    if (fp->shm && !*interrupted && arg.timeout_nsecs >= POLL_COALESCE_NS) {
+    sparse = fp->poll_idle && waited >= POLL_IDLE_NS;
+    fp->poll_idle = waited >= POLL_IDLE_NS;
+    if (fp->shm && !*interrupted && arg.timeout_nsecs >= POLL_COALESCE_NS && !sparse) {
         /* Asleep, not spinning: the IO thread needs the CPU to fill the
          * rings.  Only the stop eventfd (poll_fd[0]) ends it early. */
         uint64_t stop;

@@ -61,6 +61,8 @@ struct pyvmm_fastpath {
     uint64_t block_writes;
     uint64_t rx_dropped;
     uint64_t tx_dropped;
+    /* Poll's state: the last wait blocked POLL_IDLE_NS or longer. */
+    uint32_t poll_idle;
 };
 
 /*

@@ -88,6 +88,20 @@ static void sleep_until_event(struct iothread *io)
     }
 }
 
+/*
+ * Between passes that found nothing, poll and hybrid give the CPU away if
+ * anything else is runnable on it: on a host with fewer cores than busy
+ * threads the vCPU thread (woken by our notify) is often queued behind
+ * this very thread, and a pause-loop would hold it off until the
+ * scheduler's tick or the hybrid budget ran out (measured: the hybrid
+ * round trip grew by the whole budget, 344 us at 200 us; docs/modes.md).
+ * With nothing else runnable sched_yield returns at once.
+ */
+static void spin_pause(void)
+{
+    sched_yield();
+}
+
 static void run_poll(struct iothread *io)
 {
     while (!io->stop) {
@@ -95,7 +109,7 @@ static void run_poll(struct iothread *io)
             io->stats.busy_passes++;
         else {
             io->stats.idle_spins++;
-            cpu_relax();
+            spin_pause();
         }
     }
 }
@@ -127,7 +141,7 @@ static void run_hybrid(struct iothread *io)
         }
         if (clock_ns(CLOCK_MONOTONIC) - last_work < budget_ns) {
             io->stats.idle_spins++;
-            cpu_relax();
+            spin_pause();
             continue;
         }
         if (prepare_sleep(io))
@@ -148,12 +162,6 @@ static void *io_main(void *arg)
 {
     struct iothread *io = arg;
 
-    if (io->cpu >= 0) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(io->cpu, &set);
-        pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-    }
     switch (io->mode) {
     case IO_MODE_POLL:
         run_poll(io);
@@ -208,6 +216,8 @@ struct io_stats *io_thread_stats(struct iothread *io)
 int io_start(struct iothread *io)
 {
     sigset_t all, old;
+    pthread_attr_t attr;
+    cpu_set_t set;
     int err;
 
     if (io->started)
@@ -219,9 +229,23 @@ int io_start(struct iothread *io)
     /* Stop signals belong to the vCPU thread: the new thread inherits a
      * mask that blocks everything. */
     sigfillset(&all);
+    /* --pin: the thread is created on its CPU, so not even its first
+     * instructions run elsewhere (setting it from inside the thread left
+     * a window where it ran wherever the scheduler put it). */
+    if ((err = pthread_attr_init(&attr)) != 0)
+        return -err;
+    if (io->cpu >= 0) {
+        CPU_ZERO(&set);
+        CPU_SET(io->cpu, &set);
+        if ((err = pthread_attr_setaffinity_np(&attr, sizeof(set), &set)) != 0) {
+            pthread_attr_destroy(&attr);
+            return -err;
+        }
+    }
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    err = pthread_create(&io->thread, NULL, io_main, io);
+    err = pthread_create(&io->thread, &attr, io_main, io);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
     if (err)
         return -err;
     io->started = 1;

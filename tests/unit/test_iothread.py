@@ -1126,3 +1126,29 @@ def test_stop_and_destroy_without_start_are_safe():
     assert lib.io_service(io) == 0  # no ports: nothing to do
     lib.io_destroy(io)
     lib.io_destroy(ffi.NULL)
+
+
+def _tasks() -> set[int]:
+    return {int(t) for t in os.listdir("/proc/self/task")}
+
+
+def test_pinned_thread_is_created_on_its_cpu() -> None:
+    """--pin io=N: the affinity is the thread's from its creation
+    (pthread_attr_setaffinity_np), so it is in force once io_start
+    returns; a CPU the process may not use fails io_start itself."""
+    cpu = max(os.sched_getaffinity(0))
+    io = lib.io_create(lib.IO_MODE_EVENT, 50, cpu, -1, -1)
+    assert io != ffi.NULL
+    try:
+        before = _tasks()
+        assert lib.io_start(io) == 0
+        (tid,) = _tasks() - before
+        assert os.sched_getaffinity(tid) == {cpu}
+    finally:
+        lib.io_destroy(io)
+    unusable = max(os.sched_getaffinity(0)) + 1
+    io = lib.io_create(lib.IO_MODE_EVENT, 50, unusable, -1, -1)
+    try:
+        assert lib.io_start(io) == -errno.EINVAL
+    finally:
+        lib.io_destroy(io)
