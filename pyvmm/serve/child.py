@@ -22,6 +22,7 @@ allows those (not send/recv) once the guest runs.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import ctypes
 import json
@@ -146,7 +147,9 @@ class _StatsAnswer:
         self.vmm = vmm
         self.lock = threading.Lock()
         self.final: dict[str, Any] | None = None
-        threading.Thread(target=self._loop, name="pyvmm-api-stats", daemon=True).start()
+        # Not threading.Thread: its start() waits until the new thread has
+        # run, a scheduling round trip on the way to the guest's start.
+        _thread.start_new_thread(self._loop, ())
 
     def _loop(self) -> None:
         while True:
@@ -188,26 +191,28 @@ def _run(spec: ChildSpec, channel: int, times: dict[str, int]) -> tuple[int, Any
     notes = _Notes()
     if not spec.pooled:
         console()
+    json_out = open_json(config.stats_json) if config.stats_json else None
     with _logged(spec.log_level, notes) if spec.pooled else contextlib.nullcontext():
         vmm = _LauncherVmm(config, spec.plan, first_run)
     with vmm:
         times["ready"] = time.monotonic_ns()
-        if spec.pooled:  # its console, and its start, come with b"go"
-            _send(channel, {"event": "prepared", "times": times})
-            _wait_go(spec, channel)
-            times["go"] = time.monotonic_ns()
-            cpu_base = time.process_time_ns()
-            spec.notes += notes.lines
-            console()
-        json_out = open_json(config.stats_json) if config.stats_json else None
-        answer = _StatsAnswer(channel, vmm)
         output = StatsOutput(
             vmm.counters,
             summary_at_exit=config.stats,
             interval=config.stats_interval,
             json_out=json_out,
         )
-        output.start()
+        if spec.pooled:  # its threads now; its console, and its start, with b"go"
+            output.start()
+            _send(channel, {"event": "prepared", "times": times})
+            _wait_go(spec, channel)
+            times["go"] = time.monotonic_ns()
+            cpu_base = time.process_time_ns()
+            spec.notes += notes.lines
+            console()
+        answer = _StatsAnswer(channel, vmm)
+        if not spec.pooled:
+            output.start()
         try:
             status = vmm.run()
         finally:
