@@ -404,6 +404,8 @@ class Launcher:
             raise HttpError(503, "pyvmm: the launcher is stopping")
         cpu = time.thread_time_ns()
         body = req.json()
+        if not isinstance(body.get("wait", False), bool):
+            raise HttpError(400, '"wait" must be true or false')
         arrived = conn.arrived_ns or time.monotonic_ns()
         pool = self.pools.get(pool_key(body)) if set(body) <= KNOWN_KEYS else None
         if pool is not None and pool.ready:

@@ -220,10 +220,17 @@ def spawn(
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     theirs.close()
     ours.setblocking(False)
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError as err:  # out of fds: this VM cannot be watched, so it goes
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        ours.close()
+        raise HttpError(503, f"pyvmm: cannot watch the VM's process: {err.strerror}") from None
     return Vm(
         id=vm_id,
         pid=pid,
-        pidfd=os.pidfd_open(pid),
+        pidfd=pidfd,
         channel=ours,
         argv=prepared.argv,
         kernel=prepared.spec.config.kernel,
