@@ -60,8 +60,10 @@ def idle_guest(image: Path, *opts: str, env: dict[str, str] | None = None) -> It
 
 
 def image_mappings(pid: int, image: Path) -> list[smaps.Mapping]:
+    """The mappings of ``image`` in guest memory (not the whole-file map the
+    loader parses it from: offset 0)."""
     real = os.path.realpath(image)
-    return [m for m in smaps.read(pid) if m.path in (real, real + " (deleted)")]
+    return [m for m in smaps.read(pid) if m.path in (real, real + " (deleted)") and m.offset]
 
 
 def private_copy(tmp_path: Path, mode: int = 0o755) -> Path:

@@ -8,6 +8,7 @@ memory size. The split lets the VMM report a bad file before it opens
 
 from __future__ import annotations
 
+import mmap
 import os
 import stat
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pyvmm.errors import LoaderError
 from pyvmm.loader.elf import ElfImage, Segment, parse_elf
 from pyvmm.loader.manifest import Manifest
 from pyvmm.loader.notes import AbiInfo, Capabilities, read_abi, read_capabilities
-from pyvmm.loader.sharing import FileIdentity, map_image
+from pyvmm.loader.sharing import FileIdentity, map_image, refusal
 from pyvmm.memory import GuestMemory, Protection
 from pyvmm.sizes import GUEST_MEMORY_LIMIT, MEM_GRANULE, MIB, PAGE_SIZE
 
@@ -108,12 +109,19 @@ def load_kernel(path: str, host_machine: str, *, legacy_abi: bool = False) -> Ke
     )
 
 
-def _read_file(path: str) -> bytes:
+def _read_file(path: str) -> bytes | mmap.mmap:
     return _read_image(path)[0]
 
 
-def _read_image(path: str) -> tuple[bytes, FileIdentity | None]:
-    """The file's bytes, and its identity if it did not change while read."""
+def _read_image(path: str) -> tuple[bytes | mmap.mmap, FileIdentity | None]:
+    """The file's bytes, and its identity if it did not change while read.
+
+    A file that may be shared (sharing.refusal) is mapped, not read: its
+    bytes are then the page cache's, so the parsed image costs no private
+    copy per guest beside the shared pages. Any other file is read into
+    memory, so a writer pyvmm does not trust cannot change the bytes
+    between the checks and their use.
+    """
     try:
         # A FIFO would block the open itself, a device node could act on
         # being opened: only regular files are opened (and checked again).
@@ -129,11 +137,17 @@ def _read_image(path: str) -> tuple[bytes, FileIdentity | None]:
                 raise LoaderError(
                     f"{path}: file is {st.st_size // MIB} MiB, too large for guest memory"
                 )
+            before = FileIdentity.of(st)
+            if st.st_size and refusal(st, f.fileno(), euid=os.geteuid(), noexec=False) is None:
+                data: bytes | mmap.mmap = mmap.mmap(
+                    f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ
+                )
+                return data, before
             data = f.read()
             # Unchanged size and times after the read: what was read is
             # what a later mapping of this file gives (sharing.map_image).
             identity = FileIdentity.of(os.fstat(f.fileno()))
-            return data, identity if identity == FileIdentity.of(st) else None
+            return data, identity if identity == before else None
     except OSError as e:
         raise LoaderError(f"{path}: Could not open: {e.strerror or e}") from None
 
