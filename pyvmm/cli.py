@@ -23,7 +23,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from pyvmm import __version__, entry, trace
+from pyvmm import __version__, codecache, entry, trace
 from pyvmm.config import DEFAULT_MEM_MIB, VmConfig, is_decimal, positive_int
 from pyvmm.errors import OutputError, PyvmmError, UsageError
 
@@ -738,8 +738,11 @@ def main(argv: list[str] | None = None) -> int:
                 trace.enable(cmd.trace)
             except OSError as err:
                 raise UsageError(f"--trace: cannot create {cmd.trace}: {err.strerror}") from None
+        if cmd.action != "version":  # --version needs no dataclasses
+            codecache.install()
         if cmd.action == "help":
             _emit(usage())
+            codecache.save()
             return 0
         if cmd.action == "version":
             _emit(version_text() + "\n")
@@ -749,6 +752,7 @@ def main(argv: list[str] | None = None) -> int:
             from pyvmm.query import query_manifest
 
             _emit(query_manifest(cmd.config.kernel, as_json=cmd.json, legacy=True))
+            codecache.save()
             return 0
         from pyvmm.vmm import run
 

@@ -101,14 +101,18 @@ def check() -> None:
 
 
 def main() -> int:
-    for signum in STOP_SIGNALS:
-        _signal.signal(signum, _on_stop)
+    from pyvmm import codecache  # (before the handlers: nothing to interrupt)
+
+    codecache.enable()
     # SIGUSR1 asks a running guest's counters (statsview.py); before the
     # guest runs there are none to print, and it must not kill pyvmm.
     _signal.signal(_signal.SIGUSR1, _signal.SIG_IGN)
     sys.unraisablehook = _unraisable(sys.unraisablehook)
     status = 1
     try:
+        # From the first handler on, a stop raises _Stop: inside this try.
+        for signum in STOP_SIGNALS:
+            _signal.signal(signum, _on_stop)
         # Blocked by the launcher (or by whoever started pyvmm): a signal
         # pending since then is delivered now, to _on_stop.
         _signal.pthread_sigmask(_signal.SIG_UNBLOCK, LAUNCH_BLOCKED)
