@@ -206,6 +206,41 @@ def test_errors_are_the_commands_lines_and_the_launcher_serves_on(launcher, tmp_
     assert launcher.api("GET", f"/vms/{vm['id']}/wait")[1]["exit_status"] == 3
 
 
+def test_a_slow_client_blocks_nobody_and_nothing_leaks(launcher, tmp_path):
+    """Half a request on one connection while others are served; after a
+    batch of VMs (passed fds, failures, pools) the launcher holds the fds
+    it held before."""
+    import socket
+
+    def fds() -> int:
+        return len(os.listdir(f"/proc/{launcher.proc.pid}/fd"))
+
+    # The launcher keeps a kernel it has read mapped (warm.KernelCache):
+    # read this one before counting.
+    assert launcher.create("--mem=64", guest("args"), stdout=os.devnull, wait=True)[0] == 200
+    before = fds()
+    slow = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    slow.connect(launcher.path)
+    slow.sendall(b"POST /vms HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")
+    with open(os.devnull, "w") as null:
+        for n in range(5):
+            status, vm = launcher.api(
+                "POST",
+                "/vms",
+                {"argv": ["--mem=64", str(guest("args")), str(n)]},
+                fds=[null.fileno()],
+            )
+            assert status == 201, vm
+            assert launcher.api("GET", f"/vms/{vm['id']}/wait")[1]["exit_status"] == n
+            assert launcher.api("DELETE", f"/vms/{vm['id']}")[0] == 200
+            assert launcher.create("--bogus", guest("hello"))[0] == 400
+    slow.close()
+    deadline = time.monotonic() + 5
+    while fds() != before:
+        assert time.monotonic() < deadline, (before, fds())
+        time.sleep(0.05)
+
+
 def raw_request(path: str, method: bytes, target: bytes, body: bytes):
     import socket
 
