@@ -307,6 +307,21 @@ def test_run_client_errors_are_the_commands(launcher):
     assert result.stderr.startswith("pyvmm: --api-sock=/nonexistent/api.sock: cannot connect")
 
 
+def test_trace_through_the_launcher_starts_at_the_request(launcher, tmp_path):
+    """--trace: the command's timeline (docs/startup.md), from the request's
+    first byte: the launcher's part, then the child's phases."""
+    import json
+
+    trace = tmp_path / "trace.json"
+    proc = client(launcher, f"--trace={trace}", "--mem=64", guest("hello"))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    names = [e["name"] for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert names[0] == "launcher: request read, parsed, planned; fork", names
+    assert "to the first KVM_RUN (first guest instruction)" in names
+    assert "pyvmm: trace: launcher: request read" in err
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_run_client_passes_a_stop_signal_to_the_vm(launcher, sig):
     proc = client(launcher, "--mem=64", guest("spin"))

@@ -68,6 +68,10 @@ class ChildSpec:
     #: Prepared ahead for a pool (server.py): set up to the first
     #: instruction, then wait for b"go" with the console (fds, paths).
     pooled: bool = False
+    #: --trace: None (off), "" (stderr) or the JSON file; its timeline
+    #: starts at the request's first byte (CLOCK_MONOTONIC ns, ``arrived_ns``).
+    trace: str | None = None
+    arrived_ns: int = 0
 
 
 class _Stop(BaseException):
@@ -181,6 +185,9 @@ def _run(spec: ChildSpec, channel: int, times: dict[str, int]) -> tuple[int, Any
         times["running"] = time.monotonic_ns()
         cpu = time.process_time_ns() - cpu_base  # every thread's, since the fork or b"go"
         _send(channel, {"event": "running", "times": times, "cpu_ns": cpu})
+        # The guest's first instruction is next; the launcher gets this
+        # time at the end (a message now would wake it, again, first).
+        times["kvm_run"] = time.monotonic_ns()
 
     def console() -> None:
         _console(spec)
@@ -206,6 +213,7 @@ def _run(spec: ChildSpec, channel: int, times: dict[str, int]) -> tuple[int, Any
             output.start()
             _send(channel, {"event": "prepared", "times": times})
             _wait_go(spec, channel)
+            _start_trace(spec, "launcher: request read, handed to a pooled VM")
             times["go"] = time.monotonic_ns()
             cpu_base = time.process_time_ns()
             spec.notes += notes.lines
@@ -218,8 +226,33 @@ def _run(spec: ChildSpec, channel: int, times: dict[str, int]) -> tuple[int, Any
         finally:
             final = answer.finish()
             output.finish(final)
-            _send(channel, {"event": "final", "report": final})
+            _send(channel, {"event": "final", "report": final, "times": times})
     return status, final
+
+
+def _start_trace(spec: ChildSpec, first: str) -> None:
+    """--trace through the launcher: the command's timeline (pyvmm.trace),
+    from the request's first byte; ``first`` names the launcher's part."""
+    if spec.trace is None:
+        return
+    from pyvmm import trace
+
+    trace._marks.clear()  # the launcher's own, inherited
+    boot_offset = time.clock_gettime_ns(time.CLOCK_BOOTTIME) - time.monotonic_ns()
+    trace.set_start(spec.arrived_ns + boot_offset)
+    trace.early(first)
+    try:
+        trace.enable(spec.trace)
+    except OSError as err:
+        raise _OpenError(f"--trace: cannot create {spec.trace}: {err.strerror}") from None
+
+
+def _finish_trace(spec: ChildSpec) -> None:
+    if spec.trace is not None:
+        from pyvmm import trace
+
+        trace.mark("flush and exit")
+        trace.finish()
 
 
 def _wait_go(spec: ChildSpec, channel: int) -> None:
@@ -234,6 +267,7 @@ def _wait_go(spec: ChildSpec, channel: int) -> None:
             os.close(fd)
         raise PyvmmError("the launcher ended this pooled VM before its start")
     console = json.loads(message[2:] or b"{}")
+    spec.arrived_ns = int(console.get("arrived_ns", 0))
     spec.fds = list(fds)
     spec.stdout_path = console.get("stdout")
     spec.stderr_path = console.get("stderr")
@@ -305,6 +339,8 @@ def main(spec: ChildSpec, channel: int, parent: int, forked_ns: int) -> int:
                     os.chdir(spec.cwd)
                 except OSError as err:
                     raise _OpenError(f"cwd={spec.cwd}: {err.strerror}") from None
+            if not spec.pooled:
+                _start_trace(spec, "launcher: request read, parsed, planned; fork")
             status, _final = _run(spec, channel, times)
         except _Stop:
             raise PyvmmError(stop_message(_stop)) from None
@@ -327,6 +363,7 @@ def main(spec: ChildSpec, channel: int, parent: int, forked_ns: int) -> int:
             traceback.print_exc()
         _send(channel, {"event": "error", "message": line, "status": 1, "internal": True})
         _say(line)
+    _finish_trace(spec)
     if len(sys.modules) != modules:
         new = sorted(list(sys.modules)[modules:])
         _send(channel, {"event": "imports", "imported_after_fork": new})

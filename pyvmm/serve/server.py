@@ -488,7 +488,7 @@ class Launcher:
         """Hand a prepared VM its console and its start."""
         import json
 
-        console = {}
+        console: dict[str, Any] = {"arrived_ns": arrived}
         for key in ("stdout", "stderr"):
             value = body.get(key)
             if value is not None:
@@ -626,6 +626,7 @@ class Launcher:
                     break
         elif kind == "final":
             vm.final = event["report"]
+            vm.times.update(event.get("times") or {})
         elif kind == "imports":
             vm.imported_after_fork = list(event["imported_after_fork"])
 
