@@ -43,6 +43,8 @@ STOP_REQUEST_SIGNALS = {s.name: s for s in (*STOP_SIGNALS, signal.SIGKILL)}
 _RECV_FDS = 4
 #: VMs a pool may hold ready for one command line.
 MAX_POOL = 16
+#: How long after a pooled VM's start its replacement is prepared (s).
+REFILL_DELAY = 0.02
 
 
 class Pool:
@@ -594,7 +596,9 @@ class Launcher:
             vm.cpu_ns["child"] = int(event["cpu_ns"])
             vm.state = "running"
             self._answer(vm, "create", 201)
-            self._refill(vm)  # now that it no longer needs the CPU to start
+            # Once it no longer needs the CPU to start (a fork and a set-up
+            # now would compete with its first instructions).
+            self._after(REFILL_DELAY, lambda: self._refill(vm))
         elif kind == "prepared":
             vm.times.update(event["times"])
             pool = self.pools.get(vm.pool) if vm.pool else None
