@@ -440,6 +440,9 @@ def summarize_rx(r: dict) -> dict:
             exits_per_kframe=w["kvm_exits"] / max(frames, 1) * 1000,
             vcpu_cpu=w["vcpu_cpu"],
             io_cpu=w["io_cpu"],
+            # Per frame, each thread (the cost breakdown's first cut).
+            vcpu_us_frame=w["vcpu_cpu"] / 100 * w["seconds"] / max(frames, 1) * 1e6,
+            io_us_frame=w["io_cpu"] / 100 * w["seconds"] / max(frames, 1) * 1e6,
         )
     else:
         cpu = sum(r["tender_cpu_s"].values())
@@ -725,6 +728,8 @@ RX_COLUMNS = [  # (header, key, format)
     ("lost %", "lost", ".1f"),
     ("vCPU %", "vcpu_cpu", ".0f"),
     ("IO %", "io_cpu", ".0f"),
+    ("vCPU us/fr", "vcpu_us_frame", ".2f"),
+    ("IO us/fr", "io_us_frame", ".2f"),
     ("sender %", "sender_cpu", ".0f"),
     ("runs", "repeats", ".0f"),
 ]

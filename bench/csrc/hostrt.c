@@ -148,6 +148,23 @@ int pyvmm_net_shm_active(solo5_handle_t h)
     return 0;
 }
 
+/* A process has no slots to lend: the frame is read into a buffer, as the
+ * runtime does on the hypercall path. */
+solo5_result_t pyvmm_net_read_zc(solo5_handle_t h, uint8_t **frame, size_t *len)
+{
+    static uint8_t buf[65536];
+    solo5_result_t r = solo5_net_read(h, buf, sizeof(buf), len);
+
+    if (r == SOLO5_R_OK)
+        *frame = buf;
+    return r;
+}
+
+void pyvmm_net_read_done(solo5_handle_t h)
+{
+    (void)h;
+}
+
 solo5_result_t pyvmm_net_queue(solo5_handle_t h, const uint8_t *buf, size_t size)
 {
     return solo5_net_write(h, buf, size);

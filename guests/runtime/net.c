@@ -106,3 +106,35 @@ void pyvmm_net_stats(solo5_handle_t h, struct pyvmm_net_stats *out)
     if (d->stats != NULL)
         d->stats(h, out);
 }
+
+/* Where pyvmm_net_read_zc reads a frame for a back end that cannot lend one
+ * (allocated on first use, one per device). */
+static uint8_t *zc_buffer[MFT_MAX_ENTRIES];
+
+solo5_result_t pyvmm_net_read_zc(solo5_handle_t h, uint8_t **frame,
+        size_t *len)
+{
+    const struct mft_entry *e = rt_mft_entry(h, MFT_DEV_NET_BASIC);
+
+    if (e == NULL)
+        return SOLO5_R_EINVAL;
+    const struct rt_net_driver *d = driver_of(h);
+    if (d->read_zc != NULL)
+        return d->read_zc(h, frame, len);
+    size_t size = (size_t)e->u.net_basic.mtu + SOLO5_NET_HLEN;
+    if (zc_buffer[h] == NULL && (zc_buffer[h] = rt_alloc(size, 64)) == NULL)
+        return SOLO5_R_EUNSPEC;
+    solo5_result_t r = d->read(h, zc_buffer[h], size, len);
+    if (r == SOLO5_R_OK)
+        *frame = zc_buffer[h];
+    return r;
+}
+
+void pyvmm_net_read_done(solo5_handle_t h)
+{
+    if (rt_mft_entry(h, MFT_DEV_NET_BASIC) == NULL)
+        return;
+    const struct rt_net_driver *d = driver_of(h);
+    if (d->read_done != NULL)
+        d->read_done(h);
+}

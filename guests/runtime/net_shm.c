@@ -12,6 +12,8 @@
  * Per device:
  *   RX (host produces, we consume): read = if shm_cons_avail() > 0, copy the
  *     slot out, cons++, shm_cons_release().  No exit; SOLO5_R_AGAIN if empty.
+ *     pyvmm_net_read_zc lends the slot instead of copying it; cons moves on
+ *     (and the host gets the slot back) at pyvmm_net_read_done.
  *   TX (we produce, host consumes): queue = copy into the slot at prod,
  *     prod++, shm_prod_publish(); flush = if frames were published since the
  *     last flush and shm_prod_needs_notify() (the IO thread announced it
@@ -55,6 +57,7 @@ struct shm_dev {
     uint32_t rx_cons;        /* ours: next RX slot to consume */
     uint32_t tx_prod;        /* ours: next TX slot to fill */
     uint32_t tx_unflushed;   /* frames published since the last flush */
+    int rx_lent;             /* the slot at rx_cons is lent (read_zc) */
     int tx_full;             /* the last queue found the ring full */
     struct pyvmm_net_stats st;
 };
@@ -208,8 +211,9 @@ static solo5_handle_set_t shm_ready(void)
         solo5_handle_t h = (solo5_handle_t)__builtin_ctzll(left);
         struct shm_dev *d = &devs[h];
         left &= left - 1;
-        /* SHM_BAD counts as ready too: the read reports the error. */
-        if (shm_cons_avail(d->rx, d->rx_cons, d->slots) != 0)
+        /* SHM_BAD counts as ready too: the read reports the error.  A
+         * lent slot (read_zc) is not news. */
+        if (shm_cons_avail(d->rx, d->rx_cons, d->slots) > (uint32_t)d->rx_lent)
             ready |= 1ULL << h;
     }
     return ready;
@@ -240,11 +244,56 @@ static int shm_prepare_sleep(void)
 
 /* ---- the driver ---------------------------------------------------------- */
 
+/* pyvmm_net_read_done: give the lent slot back to the host. */
+static void shm_read_done(solo5_handle_t h)
+{
+    struct shm_dev *d = &devs[h];
+
+    if (!d->rx_lent)
+        return;
+    d->rx_lent = 0;
+    d->rx_cons++;
+    shm_cons_release(d->rx, d->rx_cons);
+}
+
+/* pyvmm_net_read_zc: lend the next good slot; bad ones are skipped (and
+ * counted) as shm_read skips them. */
+static solo5_result_t shm_read_zc(solo5_handle_t h, uint8_t **frame,
+        size_t *len)
+{
+    struct shm_dev *d = &devs[h];
+
+    shm_read_done(h);
+    for (;;) {
+        uint32_t avail = shm_cons_avail(d->rx, d->rx_cons, d->slots);
+        if (avail == 0)
+            return SOLO5_R_AGAIN;
+        if (avail == SHM_BAD) {
+            d->st.bad_index++;
+            return SOLO5_R_EUNSPEC;
+        }
+        struct shm_slot *s = shm_slot_at(d->rx, d->rx_cons, d->slots);
+        /* Read the length once; the host could change it under us. */
+        uint32_t n = __atomic_load_n(&s->len, __ATOMIC_RELAXED);
+        if (n != 0 && n <= SHM_SLOT_DATA) {
+            d->rx_lent = 1;
+            d->st.rx_frames++;
+            *frame = s->data;
+            *len = n;
+            return SOLO5_R_OK;
+        }
+        d->rx_cons++;
+        shm_cons_release(d->rx, d->rx_cons);
+        d->st.rx_dropped++;
+    }
+}
+
 static solo5_result_t shm_read(solo5_handle_t h, uint8_t *buf, size_t size,
         size_t *read_size)
 {
     struct shm_dev *d = &devs[h];
 
+    shm_read_done(h);
     for (;;) {
         uint32_t avail = shm_cons_avail(d->rx, d->rx_cons, d->slots);
         if (avail == 0)
@@ -422,6 +471,8 @@ const struct rt_net_driver rt_net_shm_driver = {
     .shm = 1,
     .write = shm_write,
     .read = shm_read,
+    .read_zc = shm_read_zc,
+    .read_done = shm_read_done,
     .queue = shm_queue,
     .flush = shm_flush,
     .tx_wait = shm_tx_wait,

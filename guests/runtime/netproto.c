@@ -145,6 +145,24 @@ bool np_recv(const struct np_iface *ifc, size_t *len)
     return true;
 }
 
+bool np_recv_zc(const struct np_iface *ifc, uint8_t **f, size_t *len)
+{
+    solo5_result_t r = pyvmm_net_read_zc(ifc->handle, f, len);
+
+    if (r == SOLO5_R_AGAIN)
+        return false;
+    if (r != SOLO5_R_OK) {
+        rt_printf("FAILURE: net_read_zc: %d\n", (int)r);
+        solo5_exit(SOLO5_EXIT_FAILURE);
+    }
+    return true;
+}
+
+void np_recv_done(const struct np_iface *ifc)
+{
+    pyvmm_net_read_done(ifc->handle);
+}
+
 bool np_parse_ip_port(const char **p, uint8_t ip[4], uint64_t *port)
 {
     if (!np_parse_ip(p, ip) || **p != ' ')

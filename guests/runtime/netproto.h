@@ -89,6 +89,12 @@ bool np_open(struct np_iface *ifc, const char *name, const uint8_t ip[4]);
  * when none is waiting; a read error ends the program (FAILURE, exit 1). */
 bool np_recv(const struct np_iface *ifc, size_t *len);
 
+/* The next waiting frame where it lies (pyvmm_net_read_zc): true with *f
+ * and *len set, false when none is waiting; a read error ends the program.
+ * np_recv_done gives it back; the next np_recv_zc does so by itself. */
+bool np_recv_zc(const struct np_iface *ifc, uint8_t **f, size_t *len);
+void np_recv_done(const struct np_iface *ifc);
+
 /* "IP PORT" at *p (advanced past it): a port in 1..65535; false if bad. */
 bool np_parse_ip_port(const char **p, uint8_t ip[4], uint64_t *port);
 

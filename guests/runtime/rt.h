@@ -93,6 +93,23 @@ void pyvmm_net_flush(solo5_handle_t h);
  * SOLO5_R_EINVAL for a bad handle. */
 solo5_result_t pyvmm_net_tx_wait(solo5_handle_t h);
 
+/*
+ * Zero-copy receive: the next waiting frame of device (h) where it lies,
+ * without copying it out: SOLO5_R_OK with *frame and *len set,
+ * SOLO5_R_AGAIN if none is waiting.  On the shmstream path *frame points
+ * into the frame's RX slot, which stays the program's until
+ * pyvmm_net_read_done(h) gives it back to the host; call that before the
+ * next read on (h) (a read on (h) gives it back first by itself).  The
+ * frame may be edited in place (an ARP reply, an echo) and queued before
+ * it is given back.  The host can still change the slot's bytes: treat
+ * them as the untrusted input any received frame is.  On the hypercall
+ * path the frame is read (one exit) into a buffer of the runtime's.
+ * solo5_net_read, which copies, is unchanged.
+ */
+solo5_result_t pyvmm_net_read_zc(solo5_handle_t h, uint8_t **frame,
+        size_t *len);
+void pyvmm_net_read_done(solo5_handle_t h);
+
 /* What the back end of device (h) counted (all 0 on the hypercall path). */
 struct pyvmm_net_stats {
     uint64_t rx_frames;        /* frames taken from the RX ring */

@@ -46,6 +46,10 @@ struct rt_net_driver {
     solo5_result_t (*write)(solo5_handle_t h, const uint8_t *buf, size_t size);
     solo5_result_t (*read)(solo5_handle_t h, uint8_t *buf, size_t size,
             size_t *read_size);
+    /* pyvmm_net_read_zc / _read_done, both NULL if the back end has no
+     * frames in memory to lend (net.c then reads into a buffer). */
+    solo5_result_t (*read_zc)(solo5_handle_t h, uint8_t **frame, size_t *len);
+    void (*read_done)(solo5_handle_t h);
     /* pyvmm_net_queue / _flush / _tx_wait / _stats; all but queue may be
      * NULL (nothing to do). */
     solo5_result_t (*queue)(solo5_handle_t h, const uint8_t *buf, size_t size);
