@@ -630,7 +630,6 @@ class Launcher:
                     break
         elif kind == "final":
             vm.final = event["report"]
-            vm.times.update(event.get("times") or {})
         elif kind == "imports":
             vm.imported_after_fork = list(event["imported_after_fork"])
 

@@ -67,10 +67,8 @@ class Vm:
 
     @property
     def start_latency_us(self) -> float | None:
-        """From the request's first byte to right before the first KVM_RUN
-        ("kvm_run", known once the child's run has ended; until then
-        "running", when the child told the launcher, a little earlier)."""
-        running = self.times.get("kvm_run", self.times.get("running"))
+        """From the request's first byte to right before the first KVM_RUN."""
+        running = self.times.get("running")
         return None if running is None else round((running - self.arrived_ns) / 1000, 1)
 
     def view(self) -> dict[str, Any]:
