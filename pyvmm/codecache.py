@@ -1,4 +1,4 @@
-"""The code dataclasses generates, compiled once instead of at every start.
+"""What dataclasses costs at start-up, cut to what pyvmm uses of it.
 
 A dataclass's ``__init__``, ``__repr__`` and ``__eq__`` are written as
 source text and compiled with ``exec`` when its module is imported: about
@@ -10,6 +10,12 @@ dataclasses an ``exec`` that looks there first. Keyed by the whole text, an
 entry can only ever stand for exactly the code it was compiled from; a
 different Python (marshal and bytecode change between versions) starts
 from an empty cache.
+
+dataclasses also imports ``inspect`` (with ast, dis and tokenize: about
+a tenth of the imports) for one call, made only for a class without a
+docstring; the command gives it a stand-in that imports the real module at
+its first use, and pyvmm's dataclasses all have docstrings
+(tests/test_startup.py checks that inspect stays out).
 
 Only the command uses it: pyvmm.entry ``enable``s it, the CLI
 ``install``s it once it knows the action needs more than --version (which
@@ -24,6 +30,7 @@ from __future__ import annotations
 import marshal
 import os
 import sys
+import types
 
 _PATH = os.path.join(
     os.path.dirname(__file__), "__pycache__", f"codecache.{sys.implementation.cache_tag}.marshal"
@@ -58,6 +65,24 @@ def _exec(source, globals=None, locals=None, /) -> None:  # noqa: A002 (exec's o
     exec(source, globals, locals)
 
 
+class _LazyInspect(types.ModuleType):
+    """``inspect`` until something uses it: then the real module."""
+
+    def __getattr__(self, name: str):
+        return getattr(_real_inspect(), name)
+
+
+def _real_inspect() -> types.ModuleType:
+    if type(sys.modules.get("inspect")) is _LazyInspect:
+        del sys.modules["inspect"]
+    import inspect
+
+    dataclasses = sys.modules.get("dataclasses")
+    if dataclasses is not None and type(getattr(dataclasses, "inspect", None)) is _LazyInspect:
+        dataclasses.inspect = inspect
+    return inspect
+
+
 def install() -> None:
     """Serve dataclasses' generated code from the cache (the command only)."""
     global _cache, _installed
@@ -70,6 +95,8 @@ def install() -> None:
             _cache = cache
     except (OSError, ValueError, EOFError, TypeError):
         pass
+    if "dataclasses" not in sys.modules and "inspect" not in sys.modules:
+        sys.modules["inspect"] = _LazyInspect("inspect")
     import dataclasses
 
     dataclasses.exec = _exec  # found before the builtin by dataclasses' own code

@@ -28,6 +28,8 @@ SOLO5_COUNTERS = [name for name, _ in ffi.typeof("struct solo5_ring_counters").f
 
 @dataclass(frozen=True)
 class IoConfig:
+    """The IO thread's settings: its mode, hybrid budget and CPU."""
+
     mode: str = "event"
     hybrid_budget_us: int = DEFAULT_HYBRID_BUDGET_US
     cpu: int | None = None

@@ -30,6 +30,8 @@ KernelLoader = Callable[..., Kernel]
 
 @dataclass(frozen=True)
 class Plan:
+    """Every decision of a run, made before any host resource is touched."""
+
     arch: Arch
     kernel: Kernel
     cmdline: bytes

@@ -39,6 +39,8 @@ def join_cmdline(args: list[str]) -> bytes:
 
 @dataclass(frozen=True)
 class BootInfo:
+    """What the guest finds at boot: hvt's boot info and what pyvmm adds."""
+
     mem_size: int
     kernel_end: int
     cpu_cycle_freq: int

@@ -8,8 +8,10 @@ import sys
 
 from conftest import ROOT
 
+# As the launcher runs it: -I -S, the checkout first on sys.path.
 SCRIPT = """
 import sys
+sys.path.insert(0, sys.argv[2])
 from pyvmm import codecache
 codecache._PATH = sys.argv[1]
 codecache.enable()
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Point:
+    "A point."
     x: int
     y: int = 2
     tags: list = field(default_factory=list, compare=False)
@@ -31,6 +34,16 @@ except Exception as err:
     assert type(err).__name__ == "FrozenInstanceError"
 else:
     raise AssertionError("not frozen")
+assert type(sys.modules["inspect"]).__name__ == "_LazyInspect"  # nothing used it yet
+
+@dataclass
+class Plain:
+    a: int
+
+assert Plain.__doc__ == "Plain(a: int)", Plain.__doc__  # the real inspect, on demand
+import inspect
+assert str(inspect.signature(Plain)) == "(a: int) -> None"
+assert type(sys.modules["inspect"]).__name__ == "module"
 print("compiled" if codecache._dirty else "cached")
 codecache.save()
 """
@@ -38,7 +51,7 @@ codecache.save()
 
 def run(path) -> str:
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(path)],
+        [sys.executable, "-I", "-S", "-c", SCRIPT, str(path), str(ROOT)],
         capture_output=True,
         text=True,
         cwd=ROOT,
