@@ -219,26 +219,9 @@ def classify(m: smaps.Mapping, guest_ranges: list[tuple[int, int]], image: str) 
     return "anonymous (Python objects, cffi, rings' host side)"
 
 
-def guest_memory_ranges(maps: list[smaps.Mapping], mem_bytes: int) -> list[tuple[int, int]]:
-    """The guest-memory mapping: adjacent MAP_NORESERVE (VmFlags "nr")
-    mappings, anonymous or of the image, that add up to exactly --mem bytes
-    (one mmap, split by mprotect and the image's file maps; the
-    interpreter's own mappings are not MAP_NORESERVE, glibc's arena
-    reservations are but come with an inaccessible part)."""
-    runs: list[tuple[int, int]] = []
-    for m in maps:
-        if "nr" not in m.flags or m.perms.startswith("---") or m.path.startswith("["):
-            continue
-        if runs and runs[-1][1] == m.start:
-            runs[-1] = (runs[-1][0], m.end)
-        else:
-            runs.append((m.start, m.end))
-    return [r for r in runs if r[1] - r[0] == mem_bytes]
-
-
 def breakdown(pid: int, mem_bytes: int, image: str) -> dict[str, dict[str, int]]:
     maps = smaps.read(pid)
-    guest = guest_memory_ranges(maps, mem_bytes)
+    guest = smaps.guest_memory(maps, mem_bytes)
     if not guest:
         print(f"  guest {pid}: guest memory not found in smaps", file=sys.stderr)
     kinds: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))

@@ -67,3 +67,20 @@ def rollup(pid: int) -> dict[str, int]:
             if " " not in key and value and value[0].isdigit():
                 totals[key] = int(value[0])
     return totals
+
+
+def guest_memory(maps: list[Mapping], mem_bytes: int) -> list[tuple[int, int]]:
+    """Where pyvmm's guest memory is: adjacent MAP_NORESERVE (VmFlags "nr")
+    mappings, anonymous or of the image, adding up to exactly ``mem_bytes``
+    (one mmap, split by mprotect and the image's file maps). The
+    interpreter's own mappings are not MAP_NORESERVE; glibc's arena
+    reservations are, but come with an inaccessible part."""
+    runs: list[tuple[int, int]] = []
+    for m in maps:
+        if "nr" not in m.flags or m.perms.startswith("---") or m.path.startswith("["):
+            continue
+        if runs and runs[-1][1] == m.start:
+            runs[-1] = (runs[-1][0], m.end)
+        else:
+            runs.append((m.start, m.end))
+    return [r for r in runs if r[1] - r[0] == mem_bytes]

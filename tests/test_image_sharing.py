@@ -140,6 +140,31 @@ def test_a_file_replaced_under_a_running_guest_leaves_it_alone(tmp_path: Path) -
     assert run_pyvmm(image).returncode == 0  # the new file is hello
 
 
+@pytest.mark.parametrize("mode, reaches", [(0o755, True), (0o775, False)], ids=["own", "group"])
+def test_a_rewrite_in_place_reaches_only_a_shared_image(tmp_path: Path, mode, reaches) -> None:
+    """The rule's reason (docs/security.md): a page the guest has not
+    written is the page cache's, so a write into the file shows in the
+    guest. Only a file no one but root and pyvmm's user can write is
+    mapped; a group-writable one is copied, and its writer changes nothing."""
+    image = private_copy(tmp_path, mode)
+    # A page of imgshare's table, in the file and in the guest (its rodata
+    # segment maps file offset 0x3000 to 0x102000: readelf -l).
+    offset = -(-image.read_bytes().find(b"\xa5" * 8192) // 4096) * 4096
+    gpa = 0x102000 + offset - 0x3000
+    new = b"\x3c" * 16
+    with idle_guest(image) as pid:
+        (base, _end), *_ = smaps.guest_memory(smaps.read(pid), 16 << 20)
+        with open(image, "r+b") as f:  # in place, as cp onto it would
+            f.seek(offset)
+            f.write(new)
+        # Read once, after the write: here a /proc/PID/mem read before it
+        # was seen to detach that page from the file (old bytes after).
+        with open(f"/proc/{pid}/mem", "rb") as mem:
+            mem.seek(base + gpa)
+            seen = mem.read(16)
+    assert seen == (new if reaches else b"\xa5" * 16)
+
+
 @pytest.mark.parametrize("cpl", ["0", "3"])
 def test_faults_stay_faults_on_mapped_pages(cpl: str) -> None:
     """Text mapped from the file is read-only to the guest as copied text was."""
