@@ -123,18 +123,18 @@ def wait_ready(path: str) -> None:
 
 
 def processes(argvs: dict[str, list[str]], runs: int) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for name, argv in argvs.items():
-        times = []
-        for i in range(runs + 1):
+    """Each command --runs times, the commands interleaved (so that a change
+    of the host's load during the bench weighs on every row alike)."""
+    times: dict[str, list[float]] = {name: [] for name in argvs}
+    for i in range(runs + 1):
+        for name, argv in argvs.items():
             start = time.perf_counter()
             result = subprocess.run(argv, stdout=subprocess.DEVNULL, cwd=ROOT)
             if result.returncode != 0:
                 raise RuntimeError(f"{name}: status {result.returncode}")
             if i:
-                times.append((time.perf_counter() - start) * 1000)
-        out[name] = stats(times)
-    return out
+                times[name].append((time.perf_counter() - start) * 1000)
+    return {name: stats(values) for name, values in times.items()}
 
 
 def memory(pid: int) -> tuple[float, float]:
