@@ -237,7 +237,7 @@ OPTIONS: tuple[CliOption | object, ...] = (
         "US",
         "hybrid mode: keep polling this many\n"
         "microseconds without work before sleeping\n"
-        "(default 50)",
+        "(default 2000)",
         _set("hybrid_budget_us", lambda n, v: positive_int(n, v, MAX_HYBRID_BUDGET_US)),
     ),
     CliOption(
@@ -745,7 +745,9 @@ def main(argv: list[str] | None = None) -> int:
             codecache.save()
             return 0
         if cmd.action == "version":
-            _emit(version_text() + "\n")
+            text = version_text()
+            trace.mark("host facts (/dev/kvm, a throw-away VM and vCPU)")
+            _emit(text + "\n")
             return 0
         _defer_logging(cmd.log_level)
         if cmd.action == "query-manifest":
