@@ -17,9 +17,11 @@ from pyvmm.arch import host_arch
 from pyvmm.errors import HostError
 
 MODES = {"poll": lib.IO_MODE_POLL, "event": lib.IO_MODE_EVENT, "hybrid": lib.IO_MODE_HYBRID}
-# Hybrid mode keeps polling this long without work before sleeping again
-# (bench/pps.py measures the choice; docs/modes.md).
-DEFAULT_HYBRID_BUDGET_US = 50
+# Hybrid mode keeps polling this long without work before sleeping again:
+# longer than the gap between requests at 1000/s, so a request/response
+# stream gets poll's round trip, while an idle guest costs < 1% of a core
+# (bench/pps.py --budgets measures the choice; docs/modes.md).
+DEFAULT_HYBRID_BUDGET_US = 2000
 
 LINK_COUNTERS = [name for name, _ in ffi.typeof("struct shm_counters").fields]
 THREAD_COUNTERS = [name for name, _ in ffi.typeof("struct io_stats").fields]

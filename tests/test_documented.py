@@ -331,7 +331,7 @@ def test_shm_slots_is_the_ring_depth_the_guest_sees(options, slots):
 @pytest.mark.netns
 @pytest.mark.parametrize("budget", [None, "1", "1000000"])
 def test_hybrid_budget_end_to_end(budget):
-    """--hybrid-budget=US, default 50, at most 1000000: the guest answers
+    """--hybrid-budget=US, default 2000, at most 1000000: the guest answers
     pings in hybrid mode with each. (The budget itself is invisible from
     outside but in the IO thread's spin counts; tests/unit/test_iothread.py
     drives it directly.)"""
@@ -353,7 +353,7 @@ def test_help_gives_the_documented_defaults():
     result = run_pyvmm("--help")
     assert result.returncode == 0
     text = " ".join(result.stdout.split())
-    assert "(default 50)" in text or "default: 50" in text, result.stdout
+    assert "(default 2000)" in text or "default: 2000" in text, result.stdout
     assert "512" in text
 
 
