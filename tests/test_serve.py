@@ -293,6 +293,16 @@ def test_run_client_exits_with_the_guests_status_and_its_console(launcher):
     assert "cmdline: 5 --x" in out and err == ""
 
 
+def test_create_and_wait_for_guests_that_end_at_once(launcher):
+    """ "wait": true: a guest over before the launcher heard of its start
+    is still a guest that ran (its status, not a start-up failure)."""
+    for n in range(12):
+        body = {"argv": ["--mem=64", str(guest("args")), str(n)], "wait": True}
+        status, end = launcher.api("POST", "/vms", {**body, "stdout": os.devnull})
+        assert status == 200 and end["exit_status"] == n, end
+        assert end["start_latency_us"] > 0, end
+
+
 def test_run_client_errors_are_the_commands(launcher):
     for argv in (["--mem=64", "guests/bin/nosuch.hvt"], ["--what", guest("hello")]):
         proc = client(launcher, *argv)

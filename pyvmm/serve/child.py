@@ -161,6 +161,7 @@ class _Channel:
         self.lock = threading.Lock()
         self.final: dict[str, Any] | None = None
         self.started: dict[str, Any] | None = None
+        self._told = False
         # Not threading.Thread: its start() waits until the new thread has
         # run, a scheduling round trip on the way to the guest's start.
         _thread.start_new_thread(self._loop, ())
@@ -175,9 +176,18 @@ class _Channel:
                 return
             if ready and not self._answer():
                 return
-        _send(self.fd, self.started)
+        self.tell_started()
         while self._answer():
             pass
+
+    def tell_started(self) -> None:
+        """Send the start once (also from the vCPU thread when the run has
+        ended first: a guest may be done within the millisecond)."""
+        with self.lock:
+            started = self.started
+            if started is not None and not self._told:
+                self._told = True
+                _send(self.fd, started)
 
     def _answer(self) -> bool:
         """One request answered; False once the launcher is gone."""
@@ -247,6 +257,7 @@ def _run(spec: ChildSpec, channel: int, times: dict[str, int]) -> tuple[int, Any
         try:
             status = vmm.run()
         finally:
+            answer.tell_started()
             final = answer.finish()
             output.finish(final)
             _send(channel, {"event": "final", "report": final})
