@@ -174,6 +174,27 @@ def test_the_commands_notes_reach_the_vms_stderr(launcher, tmp_path, pooled):
         launcher.api("DELETE", "/pool")
 
 
+@pytest.mark.parametrize("pooled", [False, True])
+def test_stats_json_to_the_vms_stdout(launcher, tmp_path, pooled):
+    """--stats-json=-: the counters on the VM's console, pooled or not."""
+    import json
+
+    argv = ["--stats-json=-", "--mem=64", str(guest("hello").relative_to(ROOT))]
+    if pooled:
+        assert launcher.api("POST", "/pool", {"argv": argv, "cwd": str(ROOT)})[0] == 201
+        deadline = time.monotonic() + 30
+        while launcher.api("GET", "/pool")[1]["pools"][0]["ready"] != 1:
+            assert time.monotonic() < deadline, "the pool never got ready"
+            time.sleep(0.05)
+    out = tmp_path / "console"
+    status, end = launcher.create(*argv, cwd=str(ROOT), stdout=str(out), wait=True)
+    assert status == 200 and end["exit_status"] == 0 and end.get("pooled", False) == pooled
+    last = out.read_text().splitlines()[-1]
+    assert json.loads(last)["schema"] == "pyvmm-stats/1"
+    if pooled:
+        launcher.api("DELETE", "/pool")
+
+
 # -- errors: one line, the command's, and the launcher serves on -------------------
 
 

@@ -231,19 +231,27 @@ def _run(spec: ChildSpec, channel: int, times: dict[str, int]) -> tuple[int, Any
     notes = _Notes()
     if not spec.pooled:
         console()
-    json_out = open_json(config.stats_json) if config.stats_json else None
+    # --stats-json opened before the set-up, as the command does; "-" (the
+    # console) by a pooled VM only once it has its console.
+    stdout_json = spec.pooled and config.stats_json == "-"
+    json_out = open_json(config.stats_json) if config.stats_json and not stdout_json else None
     with _logged(spec.log_level, notes) if spec.pooled else contextlib.nullcontext():
         vmm = _LauncherVmm(config, spec.plan, first_run)
-    with vmm:
-        times["ready"] = time.monotonic_ns()
+
+    def counters_output() -> StatsOutput:
         output = StatsOutput(
             vmm.counters,
             summary_at_exit=config.stats,
             interval=config.stats_interval,
             json_out=json_out,
         )
+        output.start()
+        return output
+
+    with vmm:
+        times["ready"] = time.monotonic_ns()
         if spec.pooled:  # its threads now; its console, and its start, with b"go"
-            output.start()
+            output = None if stdout_json else counters_output()
             _send(channel, {"event": "prepared", "times": times})
             _wait_go(spec, channel)
             _start_trace(spec, "launcher: request read, handed to a pooled VM")
@@ -251,9 +259,12 @@ def _run(spec: ChildSpec, channel: int, times: dict[str, int]) -> tuple[int, Any
             cpu_base = time.process_time_ns()
             spec.notes += notes.lines
             console()
+            if output is None:
+                json_out = open_json("-")
+                output = counters_output()
         answer = _Channel(channel, vmm)
         if not spec.pooled:
-            output.start()
+            output = counters_output()
         try:
             status = vmm.run()
         finally:
