@@ -3,7 +3,7 @@ side, and where pyvmm's time goes.
 
     python3 bench/boot.py [--runs 20] [--kernel guests/bin/hello.hvt]
                           [--peer solo5-hvt=/var/cache/pyvmm-solo5/bin/solo5-hvt]
-                          [--phases] [--json FILE]
+                          [--checkout NAME=DIR] [--phases] [--json FILE]
 
 Each row runs a command --runs times after one warm-up; the rows take
 turns (run 1 of every row, then run 2, ...), so a machine whose load
@@ -13,7 +13,11 @@ wait4's rusage: less sensitive to other processes than wall time). No
 peak RSS: a child's ru_maxrss starts from this Python process's own, which
 it was forked from (bench/density.py measures memory). ``--peer NAME=PATH``
 adds a row running PATH on the same kernel (solo5-hvt runs pyvmm's own
-guests as well as Solo5's), the comparison issue 12 asks for; the
+guests as well as Solo5's), the comparison issue 12 asks for.
+``--checkout NAME=DIR`` adds rows running another copy of pyvmm (DIR holds
+its ``pyvmm`` package with the extension built, such as ``git archive`` of
+an older commit plus a copy of pyvmm/_native.abi3.so) as ``python3 -m
+pyvmm``, with DIR first on sys.path, to compare before and after. The
 "python3 -I -S -c pass" row is the floor any tender written in Python
 pays to start.
 
@@ -43,11 +47,17 @@ LAUNCHER = ROOT / "pyvmm" / "_launcher"  # what scripts/setup installs as `pyvmm
 CLOCK = time.CLOCK_BOOTTIME  # the clock --trace's times are on
 
 
-def run_once(argv: list[str]) -> tuple[float, float, int, int, int]:
+def run_once(argv: list[str], env: dict | None = None) -> tuple[float, float, int, int, int]:
     """(wall ms, CPU ms, exit status, fork ns, end ns)."""
     fork_ns = time.clock_gettime_ns(CLOCK)
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=None if env is None else "/",  # not this checkout's directory
+    )
     _, wait_status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - start
     end_ns = time.clock_gettime_ns(CLOCK)
@@ -56,7 +66,9 @@ def run_once(argv: list[str]) -> tuple[float, float, int, int, int]:
     return elapsed * 1000, cpu, proc.returncode, fork_ns, end_ns
 
 
-def rows(kernel: Path, peers: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
+def rows(
+    kernel: Path, peers: list[tuple[str, str]], checkouts: list[tuple[str, str]]
+) -> list[tuple[str, list[str], dict | None]]:
     py = [sys.executable]
     pyvmm = [str(LAUNCHER)]
     name = kernel.name
@@ -69,15 +81,23 @@ def rows(kernel: Path, peers: list[tuple[str, str]]) -> list[tuple[str, list[str
         (f"pyvmm --no-sandbox {name}", pyvmm + ["--no-sandbox", str(kernel)]),
         (f"pyvmm --mem=8 {name}", pyvmm + ["--mem=8", str(kernel)]),
     ]
-    out += [(f"{peer} {name}", [path, str(kernel)]) for peer, path in peers]
+    out = [(label, argv, None) for label, argv in out]
+    for label, directory in checkouts:
+        env = dict(os.environ, PYTHONPATH=directory)
+        out.append((f"{label}: python3 -m pyvmm --version", py + ["-m", "pyvmm", "--version"], env))
+        out.append((f"{label}: python3 -m pyvmm {name}", py + ["-m", "pyvmm", str(kernel)], env))
+    out += [(f"{peer} {name}", [path, str(kernel)], None) for peer, path in peers]
     return out
 
 
-def side_by_side(table: list[tuple[str, list[str]]], runs: int) -> list[dict]:
-    results = [{"row": label, "argv": argv, "wall": [], "cpu": []} for label, argv in table]
+def side_by_side(table: list[tuple[str, list[str], dict | None]], runs: int) -> list[dict]:
+    results = [
+        {"row": label, "argv": argv, "env": env, "wall": [], "cpu": []}
+        for label, argv, env in table
+    ]
     for i in range(runs + 1):
         for result in results:
-            wall, cpu, status, _, _ = run_once(result["argv"])
+            wall, cpu, status, _, _ = run_once(result["argv"], result["env"])
             result["status"] = status
             if i:  # the first round warms the page cache
                 result["wall"].append(wall)
@@ -128,6 +148,13 @@ def main() -> int:
         metavar="NAME=PATH",
         help="another tender to run on the same kernel (repeatable)",
     )
+    parser.add_argument(
+        "--checkout",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="another copy of pyvmm to run as python3 -m pyvmm (repeatable)",
+    )
     parser.add_argument("--phases", action="store_true", help="the median --trace breakdown")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
@@ -137,6 +164,12 @@ def main() -> int:
         if not eq or not os.access(path, os.X_OK):
             parser.error(f"--peer {spec}: want NAME=PATH of an executable")
         peers.append((name, path))
+    checkouts = []
+    for spec in args.checkout:
+        name, eq, directory = spec.partition("=")
+        if not eq or not (Path(directory) / "pyvmm" / "__main__.py").exists():
+            parser.error(f"--checkout {spec}: want NAME=DIR, DIR holding a pyvmm package")
+        checkouts.append((name, str(Path(directory).resolve())))
     if not os.access(LAUNCHER, os.X_OK):
         parser.error(f"{LAUNCHER} is missing: run scripts/setup")
 
@@ -145,17 +178,18 @@ def main() -> int:
         f"# {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, kernel "
         f"{platform.release()}, load {load:.2f}, {args.runs} runs per row, interleaved"
     )
-    results = side_by_side(rows(args.kernel, peers), args.runs)
-    print(f"{'command':<34} {'median ms':>10} {'p90 ms':>8} {'CPU ms':>7} {'exit':>5}")
+    kernel = args.kernel.resolve()
+    results = side_by_side(rows(kernel, peers, checkouts), args.runs)
+    print(f"{'command':<44} {'median ms':>10} {'p90 ms':>8} {'CPU ms':>7} {'exit':>5}")
     for r in results:
         print(
-            f"{r['row']:<34} {statistics.median(r['wall']):>10.1f} "
+            f"{r['row']:<44} {statistics.median(r['wall']):>10.1f} "
             f"{percentile(r['wall'], 0.9):>8.1f} {statistics.median(r['cpu']):>7.1f} "
             f"{r['status']:>5}"
         )
     breakdown = []
     if args.phases:
-        breakdown = phases(args.kernel, args.runs)
+        breakdown = phases(kernel, args.runs)
         total = sum(ms for _, ms in breakdown)
         print(f"\n# pyvmm --trace {args.kernel.name}: median per phase over {args.runs} runs")
         print(f"{'phase':<50} {'median ms':>10}")
