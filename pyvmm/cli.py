@@ -381,6 +381,11 @@ EXIT_STATUSES = (
 ENVIRONMENT = (
     ("PYVMM_DEBUG=1", "show the traceback behind 'pyvmm: internal error' (a pyvmm bug)"),
     ("PYVMM_PY_HYPERCALLS=1", "answer every hypercall in Python instead of in C"),
+    (
+        "PYVMM_PYTHON=PATH",
+        "the interpreter the pyvmm command (its launcher) starts, instead of the one "
+        "pyvmm was built for",
+    ),
 )
 
 

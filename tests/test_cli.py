@@ -237,6 +237,29 @@ def test_the_launcher_runs_the_guest_and_passes_its_arguments():
     assert result.stderr == ""
 
 
+def test_the_launcher_names_an_interpreter_it_cannot_start(tmp_path):
+    missing = tmp_path / "python3"
+    result = subprocess.run(
+        [str(LAUNCHER), "--version"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYVMM_PYTHON=str(missing)),
+        timeout=30,
+    )
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"pyvmm: cannot start the interpreter {missing}: No such file or directory\n"
+    )
+    chosen = subprocess.run(
+        [str(LAUNCHER), "--help"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYVMM_PYTHON=sys.executable),
+        timeout=30,
+    )
+    assert chosen.returncode == 0 and chosen.stdout.startswith("usage: pyvmm"), chosen.stderr
+
+
 # -- option syntax ---------------------------------------------------------------
 
 
