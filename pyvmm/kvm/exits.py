@@ -1,10 +1,11 @@
 """Typed VM exits: what ``Vcpu.run()`` returns, for a ``match`` in the run loop.
 
 NamedTuples rather than frozen dataclasses: equally immutable and matchable,
-and about six times cheaper to define, which every pyvmm start pays.
+and about six times cheaper to define, which every pyvmm start pays. No
+``from __future__ import annotations`` here: NamedTuple turns each string
+annotation into a ForwardRef, which compiles it (33 compiles, 5 ms of every
+start); the plain types cost nothing to check.
 """
-
-from __future__ import annotations
 
 from typing import NamedTuple
 
