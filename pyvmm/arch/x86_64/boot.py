@@ -133,13 +133,13 @@ def gdt_bytes(segments: tuple[Segment, ...]) -> bytes:
     return struct.pack(f"<{len(table)}Q", *table)
 
 
+def _bits(prot: Protection, us: int) -> int:
+    """A page table entry's flags for ``prot`` (the address is or'ed in)."""
+    return PTE_P | us | (PTE_RW if prot.write else 0) | (0 if prot.execute else PTE_NX)
+
+
 def _pte(addr: int, prot: Protection, us: int) -> int:
-    entry = addr | PTE_P | us
-    if prot.write:
-        entry |= PTE_RW
-    if not prot.execute:
-        entry |= PTE_NX
-    return entry
+    return addr | _bits(prot, us)
 
 
 def page_tables(
@@ -161,10 +161,10 @@ def page_tables(
     pdpt = [0] * 512
     for i in range(PD_COUNT):
         pdpt[i] = (PD_BASE + i * 0x1000) | PTE_P | PTE_RW | us
-    pds = [
-        _pte(addr, default, us) | PTE_PS
-        for addr in range(0, PD_COUNT * 512 * LARGE_PAGE, LARGE_PAGE)
-    ]
+    # Thousands of entries per start: their flags are computed once per
+    # protection, not per entry (docs/startup.md).
+    plain = _bits(default, us)
+    pds = [addr | plain | PTE_PS for addr in range(0, PD_COUNT * 512 * LARGE_PAGE, LARGE_PAGE)]
 
     # 4 KiB page tables for the first 2 MiB and every region with segments.
     small: dict[int, list[int]] = {}
@@ -177,15 +177,16 @@ def page_tables(
         elif addr < LOW_READONLY_END:
             low.append(_pte(addr, Protection(read=True, write=False), us))
         else:
-            low.append(_pte(addr, default, us))
+            low.append(addr | plain)
     small[0] = low
     for start, end, prot in regions:
+        bits = _bits(prot, us)
         for addr in range(start, end, PAGE):
             base = addr - addr % LARGE_PAGE
-            table = small.setdefault(
-                base, [_pte(a, default, us) for a in range(base, base + LARGE_PAGE, PAGE)]
-            )
-            table[(addr - base) // PAGE] = _pte(addr, prot, us)
+            table = small.get(base)
+            if table is None:
+                table = small[base] = [a | plain for a in range(base, base + LARGE_PAGE, PAGE)]
+            table[(addr - base) // PAGE] = addr | bits
 
     tables = {}
     for base, gpa, table in place_page_tables(small, PT_BASE, EXTRA_PT_BASE, EXTRA_PT_END):
