@@ -27,12 +27,12 @@ from pyvmm.errors import UsageError
 
 Snapshot = dict[str, Any]
 
-_INTERVAL = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(ms|s)?$")
+_INTERVAL = r"^([0-9]+(?:\.[0-9]+)?)(ms|s)?$"  # compiled when --stats has an interval
 
 
 def parse_interval(option: str, text: str) -> float:
     """ "1s", "500ms" or "2" (seconds) -> seconds, at least 10 ms."""
-    match = _INTERVAL.match(text)
+    match = re.match(_INTERVAL, text)
     if not match:
         raise UsageError(f"{option}: '{text}' is not an interval such as 1s or 500ms")
     value = float(match.group(1)) / (1000 if match.group(2) == "ms" else 1)
