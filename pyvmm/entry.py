@@ -119,6 +119,10 @@ def main() -> int:
         from pyvmm.cli import main as cli_main
 
         status = cli_main()
+        # The status is known: a signal from now on changes nothing (and
+        # one that comes first is still caught here).
+        for signum in STOP_SIGNALS:
+            _signal.signal(signum, _signal.SIG_IGN)
     except BaseException:
         if not _stop:
             raise
