@@ -4,9 +4,14 @@
 #include <fcntl.h>
 #include <seccomp.h>
 #include <stddef.h>
+#include <unistd.h>
+#include <linux/filter.h>
 #include <linux/kvm.h>
+#include <linux/seccomp.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 
 #include "sandbox.h"
 
@@ -48,33 +53,12 @@ static int allow_ioctls(scmp_filter_ctx ctx)
     return allow_masked(ctx, "ioctl", 1, 0xffffffff, TIOCGWINSZ);
 }
 
-int pyvmm_sandbox_install(const char *const *names, int n, int action)
+/* The rules, as libseccomp takes them (see sandbox.h). */
+static int add_rules(scmp_filter_ctx ctx, const char *const *names, int n)
 {
-    uint32_t deny = action == PYVMM_SANDBOX_KILL ? SCMP_ACT_KILL_PROCESS
-                                                 : SCMP_ACT_ERRNO(EPERM);
     const uint64_t writing = O_WRONLY | O_RDWR | O_CREAT | O_TRUNC | O_APPEND;
-    scmp_filter_ctx ctx;
-    int i, err = 0;
+    int i, err;
 
-    unknown = 0;
-    ctx = seccomp_init(deny);
-    if (ctx == NULL)
-        return -ENOMEM;
-    if ((err = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_NNP, 1)) < 0 ||
-        (err = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_TSYNC, 1)) < 0)
-        goto out;
-    /*
-     * SECCOMP_FILTER_FLAG_SPEC_ALLOW: a seccomp filter otherwise forces the
-     * speculative store bypass mitigation (SSBD) on every thread, which
-     * measured here cost a third to a half of the frame rate.  It guards a
-     * process against untrusted code in its own address space; pyvmm has
-     * none (the guest runs in a VM, under KVM's own mitigations).  A
-     * libseccomp or kernel without the flag keeps the default.
-     */
-    if (seccomp_api_get() >= 4)
-        seccomp_attr_set(ctx, SCMP_FLTATR_CTL_SSB, 1);
-    /* A binary tree instead of a list of comparisons. */
-    seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2);
     for (i = 0; i < n; i++) {
         int nr = seccomp_syscall_resolve_name(names[i]);
         if (nr == __NR_SCMP_ERROR) {
@@ -82,20 +66,95 @@ int pyvmm_sandbox_install(const char *const *names, int n, int action)
             continue;
         }
         if ((err = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 0)) < 0)
-            goto out;
+            return err;
     }
     /* Files only for reading (Python's lazy imports, /proc). */
     if ((err = allow_masked(ctx, "openat", 2, writing, 0)) < 0 ||
         (err = allow_masked(ctx, "open", 1, writing, 0)) < 0)
-        goto out;
+        return err;
     /* No new executable memory on the host. */
     if ((err = allow_masked(ctx, "mprotect", 2, PROT_EXEC, 0)) < 0 ||
         (err = allow_masked(ctx, "mmap", 2, PROT_EXEC, 0)) < 0)
+        return err;
+    return allow_ioctls(ctx);
+}
+
+/* The compiled program, read back from the memfd libseccomp wrote it to
+ * (libseccomp 2.5 exports to a file descriptor only). */
+static int export_program(scmp_filter_ctx ctx, void *prog, int size)
+{
+    int fd = memfd_create("pyvmm-seccomp", MFD_CLOEXEC);
+    off_t len;
+    int err;
+
+    if (fd < 0)
+        return -errno;
+    if ((err = seccomp_export_bpf(ctx, fd)) < 0)
         goto out;
-    if ((err = allow_ioctls(ctx)) < 0)
-        goto out;
-    err = seccomp_load(ctx);
+    len = lseek(fd, 0, SEEK_END);
+    if (len < 0) {
+        err = -errno;
+    } else if (len > size || len % sizeof(struct sock_filter)) {
+        err = -ENOSPC;
+    } else if (pread(fd, prog, len, 0) != len) {
+        err = -EIO;
+    } else {
+        err = (int)len;
+    }
 out:
+    close(fd);
+    return err;
+}
+
+int pyvmm_sandbox_build(const char *const *names, int n, int action,
+                        void *prog, int size)
+{
+    uint32_t deny = action == PYVMM_SANDBOX_KILL ? SCMP_ACT_KILL_PROCESS
+                                                 : SCMP_ACT_ERRNO(EPERM);
+    scmp_filter_ctx ctx;
+    int err;
+
+    unknown = 0;
+    ctx = seccomp_init(deny);
+    if (ctx == NULL)
+        return -ENOMEM;
+    /* A binary tree instead of a list of comparisons. */
+    seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2);
+    err = add_rules(ctx, names, n);
+    if (err >= 0)
+        err = export_program(ctx, prog, size);
     seccomp_release(ctx);
-    return err < 0 ? err : 0;
+    return err;
+}
+
+int pyvmm_sandbox_load(const void *prog, int len)
+{
+    struct sock_fprog fprog = {
+        .len = (unsigned short)(len / sizeof(struct sock_filter)),
+        .filter = (struct sock_filter *)prog,
+    };
+    long ret;
+
+    if (len <= 0 || len % sizeof(struct sock_filter) ||
+        len / sizeof(struct sock_filter) > BPF_MAXINSNS)
+        return -EINVAL;
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+        return -errno;
+    /*
+     * SECCOMP_FILTER_FLAG_SPEC_ALLOW: a seccomp filter otherwise forces the
+     * speculative store bypass mitigation (SSBD) on every thread, which
+     * measured here cost a third to a half of the frame rate.  It guards a
+     * process against untrusted code in its own address space; pyvmm has
+     * none (the guest runs in a VM, under KVM's own mitigations).  A kernel
+     * without the flag (EINVAL) keeps the default.
+     */
+    ret = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER,
+                  SECCOMP_FILTER_FLAG_TSYNC | SECCOMP_FILTER_FLAG_SPEC_ALLOW,
+                  &fprog);
+    if (ret < 0 && errno == EINVAL)
+        ret = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER,
+                      SECCOMP_FILTER_FLAG_TSYNC, &fprog);
+    if (ret > 0) /* TSYNC: the id of a thread that could not be synchronised */
+        return -ESRCH;
+    return ret < 0 ? -errno : 0;
 }

@@ -14,7 +14,10 @@ would leave no message and skip the clean-up. no_new_privs is set first,
 and the filter is synchronised to every thread (SECCOMP_FILTER_FLAG_TSYNC).
 
 Built on libseccomp (csrc/sandbox.c): names, not numbers, so one list
-serves every architecture (a name an architecture lacks is skipped).
+serves every architecture (a name an architecture lacks is skipped). The
+filter is compiled to BPF once per process (``program``: about 2 ms of
+libseccomp) and loaded by ``install``: the warm launcher compiles it before
+it forks (pyvmm/serve/warm.py), so each VM's child only loads it.
 """
 
 from __future__ import annotations
@@ -62,23 +65,53 @@ ALLOW = (
 SELFTEST_ENV = "PYVMM_SANDBOX_SELFTEST"
 
 
+#: The compiled programs of this process, by action (``program``).
+_programs: dict[bool, bytes] = {}
+
+
+def program(*, kill: bool = False) -> bytes:
+    """The filter compiled to BPF: the same rules give the same program, so
+    it is built once per process, and a process forked after the build
+    (a launcher's VM) inherits it."""
+    compiled = _programs.get(kill)
+    if compiled is None:
+        names = [ffi.new("char[]", n.encode()) for n in ALLOW]
+        array = ffi.new("char *[]", names)
+        action = lib.PYVMM_SANDBOX_KILL if kill else lib.PYVMM_SANDBOX_ERRNO
+        size = lib.PYVMM_SANDBOX_PROG_MAX
+        buf = ffi.new("char[]", size)
+        length = lib.pyvmm_sandbox_build(array, len(names), action, buf, size)
+        if length < 0:
+            raise _error(length)
+        compiled = _programs[kill] = ffi.buffer(buf, length)[:]
+    return compiled
+
+
 def install(*, kill: bool = False) -> None:
     """Filter every thread of this process from now on (cannot be undone)."""
-    names = [ffi.new("char[]", n.encode()) for n in ALLOW]
-    array = ffi.new("char *[]", names)
-    action = lib.PYVMM_SANDBOX_KILL if kill else lib.PYVMM_SANDBOX_ERRNO
-    err = lib.pyvmm_sandbox_install(array, len(names), action)
+    compiled = program(kill=kill)
+    testing = bool(os.environ.get(SELFTEST_ENV))
+    if testing:
+        # Now: once the filter is on, a module with a shared object cannot
+        # be imported (mmap with PROT_EXEC is refused).
+        import fcntl  # noqa: F401
+        import socket  # noqa: F401
+    err = lib.pyvmm_sandbox_load(ffi.from_buffer(compiled), len(compiled))
     if err:
-        raise HostError(
-            f"cannot install the sandbox (seccomp): {os.strerror(-err)} (--no-sandbox runs without)"
-        )
-    if os.environ.get(SELFTEST_ENV):
+        raise _error(err)
+    if testing:
         selftest()
+
+
+def _error(err: int) -> HostError:
+    return HostError(
+        f"cannot install the sandbox (seccomp): {os.strerror(-err)} (--no-sandbox runs without)"
+    )
 
 
 def selftest() -> None:
     """Try calls outside the list; each must fail with EPERM."""
-    import fcntl
+    import fcntl  # (imported before the filter: install)
     import socket
 
     attempts = {

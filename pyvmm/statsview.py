@@ -272,11 +272,18 @@ class StatsOutput:
 
     # The live view and SIGUSR1 run on their own threads, started right
     # before the guest and stopped (joined) right after it.
-    def start(self) -> None:
+    def start(self, *, usr1: bool = True) -> None:
+        """The threads; ``usr1=False``: no SIGUSR1 watcher, the caller
+        takes the signal and calls ``print_summary`` (a launcher's VM, whose
+        channel thread does: pyvmm/serve/child.py)."""
         if self.interval is not None:
             self._spawn(self._tick, "pyvmm-stats")
-        if threading.current_thread() is threading.main_thread():
+        if usr1 and threading.current_thread() is threading.main_thread():
             self._usr1_watch()
+
+    def print_summary(self) -> None:
+        """The counters so far, in the human form (what SIGUSR1 prints)."""
+        self._write_live(summary(self.sample()))
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -304,7 +311,7 @@ class StatsOutput:
             signal.sigwait({signal.SIGUSR1})
             if self._stop.is_set():
                 return
-            self._write_live(summary(self.sample()))
+            self.print_summary()
 
     def _write_live(self, text: str) -> None:
         try:

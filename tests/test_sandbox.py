@@ -102,3 +102,22 @@ def test_an_unknown_user_is_one_line():
     result = run_pyvmm("--user=no-such-user-pyvmm", guest("hello"))
     assert result.returncode == 1
     assert result.stderr == "pyvmm: --user: no user named 'no-such-user-pyvmm'\n"
+
+
+def test_the_filter_is_compiled_once_and_a_bad_program_is_refused():
+    """sandbox.program(): built once per process (the launcher builds it
+    before it forks, each VM only loads it); a length that is not a whole
+    BPF program is refused before anything is set."""
+    import errno
+
+    from pyvmm import sandbox
+    from pyvmm._native import ffi, lib
+
+    program = sandbox.program()
+    assert program is sandbox.program()
+    assert program and len(program) % 8 == 0  # struct sock_filter
+    for length in (0, 12):
+        buf = ffi.from_buffer(program)
+        assert lib.pyvmm_sandbox_load(buf, length) == -errno.EINVAL
+    with open("/proc/self/status") as f:
+        assert re.search(r"^Seccomp:\s+0$", f.read(), re.M)  # this process: untouched

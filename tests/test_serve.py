@@ -25,7 +25,7 @@ pytestmark = pytest.mark.kvm
 class Launcher:
     """A ``pyvmm serve`` process on a socket in ``tmp``."""
 
-    def __init__(self, tmp: Path, popen=subprocess.Popen) -> None:
+    def __init__(self, tmp: Path, popen=subprocess.Popen, env=None) -> None:
         self.path = str(tmp / "api.sock")
         self.log = tmp / "launcher.err"
         self.out = tmp / "launcher.out"
@@ -34,6 +34,7 @@ class Launcher:
             stdout=open(self.out, "w"),
             stderr=open(self.log, "w"),
             cwd=ROOT,
+            env=env,
         )
         deadline = time.monotonic() + 60
         while True:
@@ -504,3 +505,88 @@ def pooled_pids(launcher: Launcher) -> list[int]:
     listed = {v["pid"] for v in launcher.api("GET", "/vms")[1]["vms"]}
     with open(f"/proc/{launcher.proc.pid}/task/{launcher.proc.pid}/children") as f:
         return [int(pid) for pid in f.read().split() if int(pid) not in listed]
+
+
+# -- the sandbox and the counters in a VM's process ----------------------------------
+
+
+def start(launcher: Launcher, tmp_path: Path, argv: list[str], pooled: bool, **extra) -> dict:
+    """Create a VM (from a pool of one prepared for it, with ``pooled``)."""
+    if pooled:
+        status, pool = launcher.api("POST", "/pool", {"argv": argv, "cwd": str(ROOT)})
+        assert status == 201, pool
+        deadline = time.monotonic() + 30
+        while launcher.api("GET", "/pool")[1]["pools"][0]["ready"] != 1:
+            assert time.monotonic() < deadline, "the pool never got ready"
+            time.sleep(0.05)
+    status, vm = launcher.create(*argv, cwd=str(ROOT), **extra)
+    assert status == 201 and vm.get("pooled", False) == pooled, vm
+    if pooled:
+        assert launcher.api("DELETE", "/pool")[0] == 200
+    return vm
+
+
+def comm(pid: int, tid: str) -> str:
+    with open(f"/proc/{pid}/task/{tid}/comm") as f:
+        return f.read().strip()
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["fork", "pooled"])
+def test_every_thread_of_a_vm_is_filtered_once_its_guest_runs(launcher, tmp_path, pooled):
+    """The child loads the filter the launcher compiled (docs/serve.md): on
+    every thread, with no_new_privs, without forcing SSBD, as the command."""
+    from test_sandbox import speculation, thread_status
+
+    out = tmp_path / "console"
+    argv = ["--stats=1s", "--mem=64", str(guest("spin").relative_to(ROOT))]
+    vm = start(launcher, tmp_path, argv, pooled, stdout=str(out), stderr=str(tmp_path / "err"))
+    wait_for(out, "spinning")
+    threads = thread_status(vm["pid"])
+    assert set(threads.values()) == {("2", "1")}, threads
+    # The vCPU's, the channel's and the live counters' threads (none waits
+    # for SIGUSR1: the channel's thread takes it); KVM's own workers
+    # (kvm-nx-lpage-recovery) aside.
+    ours = [t for t in threads if not comm(vm["pid"], t).startswith("kvm-")]
+    assert len(ours) == 3, threads
+    assert set(speculation(vm["pid"]).values()) == set(speculation(os.getpid()).values())
+    status, end = launcher.api("DELETE", f"/vms/{vm['id']}")
+    assert status == 200 and end["exit_status"] == 128 + signal.SIGTERM, end
+    assert "imported_after_fork" not in end
+
+
+def test_the_sandbox_self_test_through_the_launcher(tmp_path):
+    """PYVMM_SANDBOX_SELFTEST=1 in the launcher's environment: each VM says
+    what its filter refused, as the command does (tests/test_sandbox.py)."""
+    server = Launcher(tmp_path, env=dict(os.environ, PYVMM_SANDBOX_SELFTEST="1"))
+    try:
+        err = tmp_path / "err"
+        status, end = server.create(guest("hello"), stdout=os.devnull, stderr=str(err), wait=True)
+        assert status == 200 and end["exit_status"] == 0, end
+        assert err.read_text().splitlines() == [
+            "pyvmm: sandbox self-test: socket: refused: Operation not permitted",
+            "pyvmm: sandbox self-test: execve: refused: Operation not permitted",
+            "pyvmm: sandbox self-test: open for writing: refused: Operation not permitted",
+            "pyvmm: sandbox self-test: non-KVM ioctl: refused: Operation not permitted",
+        ]
+        assert "imported_after_fork" not in end
+    finally:
+        assert server.stop() == 128 + signal.SIGTERM, server.log.read_text()
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["fork", "pooled"])
+def test_sigusr1_prints_a_vms_counters_and_it_runs_on(launcher, tmp_path, pooled):
+    """SIGUSR1 to a VM's process: the counters on its stderr, as the
+    command prints them (the channel's thread takes the signal)."""
+    out, err = tmp_path / "console", tmp_path / "err"
+    argv = ["--mem=64", str(guest("spin").relative_to(ROOT))]
+    vm = start(launcher, tmp_path, argv, pooled, stdout=str(out), stderr=str(err))
+    wait_for(out, "spinning")
+    for count in (1, 2):
+        os.kill(vm["pid"], signal.SIGUSR1)
+        deadline = time.monotonic() + 30
+        while err.read_text().count("s, privilege") < count:
+            assert time.monotonic() < deadline, err.read_text()
+            time.sleep(0.02)
+    assert launcher.api("GET", f"/vms/{vm['id']}")[1]["state"] == "running"
+    status, end = launcher.api("DELETE", f"/vms/{vm['id']}")
+    assert status == 200 and end["exit_status"] == 128 + signal.SIGTERM, end

@@ -12,23 +12,24 @@ import os
 from pyvmm._native import ffi, lib
 from pyvmm.kvm.ioctl import KvmError, ioctl
 
+#: The scalar fields of a stats file, by its header's bytes: the
+#: descriptors are the kernel's and the same for every vCPU it runs, so
+#: they are read once per process (the warm launcher reads them before it
+#: forks, pyvmm/serve/warm.py: 0.3 ms of every VM's start).
+_layouts: dict[bytes, list[tuple[str, int]]] = {}
+
 
 class KvmStats:
     """An open stats fd; ``read()`` returns {name: value} for scalar stats."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        header = ffi.new("struct kvm_stats_header *")
-        ffi.buffer(header)[:] = os.pread(fd, ffi.sizeof(header[0]), 0)
-        desc_size = ffi.sizeof("struct kvm_stats_desc") + header.name_size
-        raw = os.pread(fd, desc_size * header.num_desc, header.desc_offset)
-        self._fields: list[tuple[str, int]] = []
-        for i in range(header.num_desc):
-            chunk = raw[i * desc_size : (i + 1) * desc_size]
-            desc = ffi.from_buffer("struct kvm_stats_desc *", chunk)
-            name = bytes(chunk[ffi.sizeof("struct kvm_stats_desc") :]).split(b"\0", 1)[0]
-            if desc.size == 1:  # histograms have size > 1; keep scalars
-                self._fields.append((name.decode(), header.data_offset + desc.offset))
+        size = ffi.sizeof("struct kvm_stats_header")
+        raw_header = os.pread(fd, size, 0)
+        fields = _layouts.get(raw_header)
+        if fields is None:
+            fields = _layouts[raw_header] = _scalars(fd, raw_header)
+        self._fields = fields
 
     @classmethod
     def open(cls, vcpu_fd: int) -> KvmStats | None:
@@ -49,3 +50,19 @@ class KvmStats:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def _scalars(fd: int, raw_header: bytes) -> list[tuple[str, int]]:
+    """(name, offset in the file) of each scalar statistic."""
+    header = ffi.new("struct kvm_stats_header *")
+    ffi.buffer(header)[:] = raw_header
+    desc_size = ffi.sizeof("struct kvm_stats_desc") + header.name_size
+    raw = os.pread(fd, desc_size * header.num_desc, header.desc_offset)
+    fields = []
+    for i in range(header.num_desc):
+        chunk = raw[i * desc_size : (i + 1) * desc_size]
+        desc = ffi.from_buffer("struct kvm_stats_desc *", chunk)
+        name = bytes(chunk[ffi.sizeof("struct kvm_stats_desc") :]).split(b"\0", 1)[0]
+        if desc.size == 1:  # histograms have size > 1; keep scalars
+            fields.append((name.decode(), header.data_offset + desc.offset))
+    return fields

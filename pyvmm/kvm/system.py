@@ -14,6 +14,20 @@ KVM_PATH = "/dev/kvm"
 # KVM's API version has been 12 since Linux 2.6.22.
 KVM_API_VERSION = 12
 
+#: /dev/kvm's answers (API version, extensions, the kvm_run size) by
+#: (request, argument): facts of the host's KVM, the same through every
+#: open of it, so asked once per process (the warm launcher asks before it
+#: forks, pyvmm/serve/warm.py; an ioctl is 20-50 us under kvm_pvm).
+_answers: dict[tuple[int, int], int] = {}
+
+
+def _ask(fd: int, request: int, arg: int, call: str) -> int:
+    key = (request, arg)
+    answer = _answers.get(key)
+    if answer is None:
+        answer = _answers[key] = ioctl(fd, request, arg, call=call)
+    return answer
+
 
 def kvm_flavour() -> str:
     """Which KVM implementation serves /dev/kvm (PVM changes what is fast)."""
@@ -45,7 +59,7 @@ class System(OwnedFd):
         except OSError as err:
             raise HostError(f"Could not open: {path}: {err.strerror}") from None
         try:
-            version = ioctl(self.fd, lib.KVM_GET_API_VERSION, call="KVM_GET_API_VERSION")
+            version = _ask(self.fd, lib.KVM_GET_API_VERSION, 0, "KVM_GET_API_VERSION")
             if version != KVM_API_VERSION:
                 raise HostError(f"KVM: API version is {version}, pyvmm requires version 12")
         except BaseException:
@@ -53,11 +67,11 @@ class System(OwnedFd):
             raise
 
     def check_extension(self, cap: int) -> int:
-        return ioctl(self.fd, lib.KVM_CHECK_EXTENSION, cap, call="KVM_CHECK_EXTENSION")
+        return _ask(self.fd, lib.KVM_CHECK_EXTENSION, cap, "KVM_CHECK_EXTENSION")
 
     @property
     def vcpu_mmap_size(self) -> int:
-        return ioctl(self.fd, lib.KVM_GET_VCPU_MMAP_SIZE, call="KVM_GET_VCPU_MMAP_SIZE")
+        return _ask(self.fd, lib.KVM_GET_VCPU_MMAP_SIZE, 0, "KVM_GET_VCPU_MMAP_SIZE")
 
     def create_vm(self) -> Vm:
         fd = ioctl(self.fd, lib.KVM_CREATE_VM, 0, call="KVM_CREATE_VM")

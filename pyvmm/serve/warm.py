@@ -55,6 +55,33 @@ class HostFacts:
         self.machine = platform.machine()
         self.flavour = kvm_flavour()
         self.kernels = KernelCache()
+        _ask_kvm(self.machine)
+
+
+def _ask_kvm(machine: str) -> None:
+    """What every child would ask KVM and get the same answer to, asked
+    here once through a throw-away VM and vCPU (each child then opens its
+    own): /dev/kvm's API version and extensions (cached by pyvmm.kvm.system),
+    the CPUID KVM supports (pyvmm.arch.x86_64.cpu) and the layout of a
+    vCPU's statistics (pyvmm.kvm.stats). Without KVM the child says what is
+    wrong."""
+    from pyvmm._native import lib
+    from pyvmm.errors import HostError
+    from pyvmm.kvm import System
+    from pyvmm.kvm.stats import KvmStats
+
+    try:
+        with System() as system, system.create_vm() as vm:
+            system.check_extension(lib.KVM_CAP_IOEVENTFD)
+            if machine == "x86_64":
+                from pyvmm.arch.x86_64 import cpu
+
+                cpu.supported_cpuid(system)
+            stats = KvmStats.open(vm.create_vcpu(0).fd)
+            if stats is not None:
+                stats.close()
+    except HostError:
+        pass
 
 
 def import_all(machine: str) -> None:
@@ -134,12 +161,26 @@ def precompute(plan: Any) -> None:
     boot.page_tables(regions, user=profile.cpl == 3, private=dict(profile.private))
 
 
+def _compile_sandbox() -> None:
+    """The sandbox's BPF program, compiled here once (about 2 ms of
+    libseccomp): each child only loads it. A failure is left to the
+    children, which try again and report it as the command would."""
+    from pyvmm import sandbox
+    from pyvmm.errors import HostError
+
+    try:
+        sandbox.program()
+    except HostError:
+        pass
+
+
 def warm_up() -> HostFacts:
     """Import, read the host, set up the caches, then freeze the heap."""
     facts = HostFacts()
     import_all(facts.machine)
     if facts.machine == "x86_64":
         _cache_page_tables()
+    _compile_sandbox()
     gc.collect()
     gc.freeze()
     return facts

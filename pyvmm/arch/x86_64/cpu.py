@@ -38,7 +38,6 @@ RFLAGS_RESERVED = 1 << 1
 RFLAGS_IOPL3 = 3 << 12
 
 CPUID_MAX_ENTRIES = 256
-GPR_NAMES = "rax rbx rcx rdx rsi rdi rsp rbp r8 r9 r10 r11 r12 r13 r14 r15".split()
 
 
 def get_regs(vcpu: Vcpu):
@@ -69,8 +68,21 @@ def tsc_khz(vcpu: Vcpu) -> int:
     return ioctl(vcpu.fd, lib.KVM_GET_TSC_KHZ, call="KVM_GET_TSC_KHZ")
 
 
+#: KVM_GET_SUPPORTED_CPUID's answer: a fact of the host's KVM, asked once
+#: per process (the warm launcher asks before it forks: pyvmm/serve/warm.py).
+_supported = None
+
+
 def supported_cpuid(system: System):
-    """KVM_GET_SUPPORTED_CPUID as a cffi ``struct kvm_cpuid2 *``."""
+    """KVM_GET_SUPPORTED_CPUID as a cffi ``struct kvm_cpuid2 *`` (shared:
+    not to be changed)."""
+    global _supported
+    if _supported is None:
+        _supported = _ask_supported_cpuid(system)
+    return _supported
+
+
+def _ask_supported_cpuid(system: System):
     nent = CPUID_MAX_ENTRIES
     while True:
         cpuid = ffi.new("struct kvm_cpuid2 *", {"entries": nent})
@@ -166,9 +178,8 @@ def setup_vcpu(
         sregs.cr4 |= CR4_FSGSBASE
     sregs.efer = EFER_LME | EFER_LMA | EFER_NXE
     set_sregs(vcpu, sregs)
-    regs = get_regs(vcpu)
-    for name in GPR_NAMES:
-        setattr(regs, name, 0)
+    # Every field of kvm_regs is set (the GPRs zero): nothing to read first.
+    regs = ffi.new("struct kvm_regs *")
     regs.rflags = RFLAGS_RESERVED | (RFLAGS_IOPL3 if profile.iopl3 else 0)
     regs.rip = entry
     regs.rsp = stack
