@@ -59,7 +59,9 @@ class System(OwnedFd):
         except OSError as err:
             raise HostError(f"Could not open: {path}: {err.strerror}") from None
         try:
-            version = _ask(self.fd, lib.KVM_GET_API_VERSION, 0, "KVM_GET_API_VERSION")
+            # Asked of this fd every time (not from _answers): it is what
+            # says the file opened is a KVM at all.
+            version = ioctl(self.fd, lib.KVM_GET_API_VERSION, 0, call="KVM_GET_API_VERSION")
             if version != KVM_API_VERSION:
                 raise HostError(f"KVM: API version is {version}, pyvmm requires version 12")
         except BaseException:
