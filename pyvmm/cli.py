@@ -21,12 +21,12 @@ from __future__ import annotations
 import _signal  # signal's constants without the signal module (it imports enum)
 import os
 import sys
-from typing import TYPE_CHECKING
 
 from pyvmm import __version__, codecache, entry, trace
 from pyvmm.config import DEFAULT_MEM_MIB, VmConfig, is_decimal, positive_int
 from pyvmm.errors import OutputError, PyvmmError, UsageError
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (docs/startup.md)
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 

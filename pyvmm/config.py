@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pyvmm.errors import UsageError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (docs/startup.md)
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_MEM_MIB = 512
 # The IO thread mode when --shm is not given (docs/modes.md says why).

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 from types import TracebackType
-from typing import Self
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (docs/startup.md)
+if TYPE_CHECKING:
+    from typing import Self
 
 
 class OwnedFd:

@@ -1,69 +1,49 @@
 """Typed VM exits: what ``Vcpu.run()`` returns, for a ``match`` in the run loop.
 
-NamedTuples rather than frozen dataclasses: equally immutable and matchable,
-and about six times cheaper to define, which every pyvmm start pays. No
-``from __future__ import annotations`` here: NamedTuple turns each string
-annotation into a ForwardRef, which compiles it (33 compiles, 5 ms of every
-start); the plain types cost nothing to check.
+Named tuples rather than frozen dataclasses: equally immutable and
+matchable, and far cheaper to define, which every pyvmm start pays. Made
+with collections.namedtuple rather than typing.NamedTuple: typing (with re,
+enum and functools) would be the largest import of ``pyvmm --version``,
+which needs these for its throw-away vCPU (docs/startup.md). Every field is
+an int (``is_write`` a bool; ``MemoryFault.gpa`` None when KVM did not say).
 """
 
-from typing import NamedTuple
+from collections import namedtuple
 
 from pyvmm._native import lib
 
 
-class IoOut(NamedTuple):
-    port: int
-    size: int
-    value: int
+def _exit(name: str, fields: str, doc: str) -> type:
+    cls = namedtuple(name, fields, module=__name__)
+    cls.__doc__ = doc
+    return cls
 
 
-class IoIn(NamedTuple):
-    port: int
-    size: int
-
-
-class Mmio(NamedTuple):
-    addr: int
-    length: int
-    is_write: bool
-    value: int
-
-
-class Hlt(NamedTuple):
-    pass
-
-
-class Shutdown(NamedTuple):
-    """Triple fault (x86) or a shutdown request: the guest cannot go on."""
-
-
-class InternalError(NamedTuple):
-    suberror: int
-
-
-class FailEntry(NamedTuple):
-    hardware_reason: int
-
-
-class MemoryFault(NamedTuple):
-    """KVM could not map guest memory for an access (e.g. write to read-only)."""
-
-    gpa: int | None
-    flags: int
-
-
-class SystemEvent(NamedTuple):
-    pass
-
-
-class Interrupted(NamedTuple):
-    """KVM_RUN returned EINTR: a signal is pending for the vCPU thread."""
-
-
-class UnknownExit(NamedTuple):
-    reason: int
-    hardware_reason: int
+IoOut = _exit("IoOut", "port size value", "A port write (x86 hypercalls and doorbells).")
+IoIn = _exit("IoIn", "port size", "A port read.")
+Mmio = _exit(
+    "Mmio",
+    "addr length is_write value",
+    "An MMIO access (aarch64 hypercalls and doorbells, anything unmapped).",
+)
+Hlt = _exit("Hlt", "", "The guest halted (HLT).")
+Shutdown = _exit(
+    "Shutdown", "", "Triple fault (x86) or a shutdown request: the guest cannot go on."
+)
+InternalError = _exit(
+    "InternalError", "suberror", "KVM_EXIT_INTERNAL_ERROR: KVM could not go on (suberror says why)."
+)
+FailEntry = _exit("FailEntry", "hardware_reason", "The hardware refused to enter the guest.")
+MemoryFault = _exit(
+    "MemoryFault",
+    "gpa flags",
+    "KVM could not map guest memory for an access (e.g. write to read-only).",
+)
+SystemEvent = _exit("SystemEvent", "", "A reset, shutdown or crash request (PSCI on arm64).")
+Interrupted = _exit(
+    "Interrupted", "", "KVM_RUN returned EINTR: a signal is pending for the vCPU thread."
+)
+UnknownExit = _exit("UnknownExit", "reason hardware_reason", "An exit pyvmm does not decode.")
 
 
 VcpuExit = (
