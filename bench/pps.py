@@ -880,8 +880,8 @@ def main() -> int:
     parser.add_argument(
         "--ring-modes",
         default="event",
-        help="s5ring rows' modes (poll, event, hybrid; default event: the others starve a "
-        "guest sleeping in solo5_yield, docs/modes.md)",
+        help="s5ring rows' modes (poll, event, hybrid; default event: with poll a Solo5 "
+        "ring guest receives ~1%% as much, docs/modes.md)",
     )
     parser.add_argument("--peer", action="append", default=[], metavar="NAME=PATH")
     parser.add_argument("--peer-guest", type=Path, help="the peer's receiving guest")
