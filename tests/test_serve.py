@@ -350,6 +350,9 @@ def test_trace_through_the_launcher_starts_at_the_request(launcher, tmp_path):
     assert proc.returncode == 0, err
     names = [e["name"] for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
     assert names[0] == "launcher: request read, parsed, planned; fork", names
+    # The child's own part from its first line after the fork.
+    child = ["child: the launcher's fds closed, signals", "child: console, --stats-json"]
+    assert names[1:3] == child, names
     assert "to the first KVM_RUN (first guest instruction)" in names
     assert "pyvmm: trace: launcher: request read" in err
 
@@ -549,6 +552,9 @@ def test_every_thread_of_a_vm_is_filtered_once_its_guest_runs(launcher, tmp_path
     ours = [t for t in threads if not comm(vm["pid"], t).startswith("kvm-")]
     assert len(ours) == 3, threads
     assert set(speculation(vm["pid"]).values()) == set(speculation(os.getpid()).values())
+    # The launcher asked KVM its facts through a throw-away VM, and still
+    # forks with one thread (docs/serve.md).
+    assert os.listdir(f"/proc/{launcher.proc.pid}/task") == [str(launcher.proc.pid)]
     status, end = launcher.api("DELETE", f"/vms/{vm['id']}")
     assert status == 200 and end["exit_status"] == 128 + signal.SIGTERM, end
     assert "imported_after_fork" not in end

@@ -282,6 +282,10 @@ def _run(spec: ChildSpec, channel: int, usr1: int, times: dict[str, int]) -> tup
     # console) by a pooled VM only once it has its console.
     stdout_json = spec.pooled and config.stats_json == "-"
     json_out = open_json(config.stats_json) if config.stats_json and not stdout_json else None
+    if not spec.pooled:
+        from pyvmm import trace
+
+        trace.mark("child: console, --stats-json")
     with _logged(spec.log_level, notes) if spec.pooled else contextlib.nullcontext():
         vmm = _LauncherVmm(config, spec.plan, first_run)
 
@@ -323,9 +327,11 @@ def _run(spec: ChildSpec, channel: int, usr1: int, times: dict[str, int]) -> tup
     return status, final
 
 
-def _start_trace(spec: ChildSpec, first: str) -> None:
+def _start_trace(spec: ChildSpec, first: str, forked_ns: int | None = None) -> None:
     """--trace through the launcher: the command's timeline (pyvmm.trace),
-    from the request's first byte; ``first`` names the launcher's part."""
+    from the request's first byte; ``first`` names the launcher's part,
+    which ends when the child runs its first line after the fork
+    (``forked_ns``; a pooled VM's, now)."""
     if spec.trace is None:
         return
     from pyvmm import trace
@@ -333,7 +339,11 @@ def _start_trace(spec: ChildSpec, first: str) -> None:
     trace._marks.clear()  # the launcher's own, inherited
     boot_offset = time.clock_gettime_ns(time.CLOCK_BOOTTIME) - time.monotonic_ns()
     trace.set_start(spec.arrived_ns + boot_offset)
-    trace.early(first)
+    if forked_ns is None:
+        trace.early(first)
+    else:
+        trace._marks.append((first, forked_ns + boot_offset))
+        trace.early("child: the launcher's fds closed, signals")
     try:
         trace.enable(spec.trace)
     except OSError as err:
@@ -436,7 +446,7 @@ def main(spec: ChildSpec, channel: int, parent: int, forked_ns: int) -> int:
                 except OSError as err:
                     raise _OpenError(f"cwd={spec.cwd}: {err.strerror}") from None
             if not spec.pooled:
-                _start_trace(spec, "launcher: request read, parsed, planned; fork")
+                _start_trace(spec, "launcher: request read, parsed, planned; fork", forked_ns)
             status, _final = _run(spec, channel, usr1, times)
         except _Stop:
             raise PyvmmError(stop_message(_stop)) from None
