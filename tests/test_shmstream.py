@@ -161,11 +161,13 @@ def test_flood_is_received_intact(mode):
 
 @pytest.mark.parametrize("mode", ["poll", "event", "hybrid"])
 def test_a_received_frame_costs_no_exit_in_steady_state(mode):
-    """The headline claim (README, bench/RESULTS.md): in the shm modes a
-    flood costs a few VM exits per 1000 received frames (measured 4-5 there,
-    11-14 here including boot and the idle end, by KVM's own exit counter),
-    against one per frame on the hypercall path. The bound, 50 per 1000,
-    is loose enough for a loaded machine and far below one per frame."""
+    """The headline claim (README): in the shm modes a received frame costs
+    no VM exit while frames keep coming; the guest exits only to wait once
+    it has drained the ring. Checked as an exact account, not as a rate:
+    how many exits a flood costs depends on how often the ring runs dry,
+    which is the sender's speed against the guest's, so on a loaded
+    machine (the sender off the CPU) it rose from 4-5 to 60 per 1000
+    frames. That figure is bench/pps.py's (exits/1k fr, bench/RESULTS.md)."""
     count = 30000
     with namespace() as ns:
         ns.run(
@@ -180,10 +182,20 @@ def test_a_received_frame_costs_no_exit_in_steady_state(mode):
         )
         assert json.loads(sent.stdout)["sent"] == count, sent.stdout + sent.stderr
         _, lines, stats = vm.finish()
-    frames = int(lines["frames"])
+    frames, batches = int(lines["frames"]), int(lines["batches"])
     assert frames >= 1000, lines  # enough received to mean something
-    exits = stats["kvm"]["exits"]
-    assert exits * 1000 < 50 * frames, f"{exits} VM exits for {frames} frames"
+    calls = stats["hypercalls"]
+    # No frame went through a hypercall, and every exit that reached pyvmm
+    # was one of these hypercalls: the console, the halt, the waits.
+    assert set(calls) <= {"poll", "puts", "halt"}, calls
+    assert sum(stats["exits_to_pyvmm"].values()) == sum(calls.values()), stats
+    # Each wait follows a drained ring (a batch, udpsink's count), plus the
+    # idle wait that ends the run and at most one before the first frame.
+    assert calls["poll"] <= batches + 2, (calls, lines)
+    # The exits pyvmm never sees (host interrupts, page faults on the
+    # shadow or nested page tables) are not one per frame either.
+    hidden = stats["kvm"]["exits"] - sum(calls.values())
+    assert hidden * 10 < frames, (stats["kvm"], frames)
 
 
 @pytest.mark.parametrize("mode", ["poll", "event", "hybrid"])
