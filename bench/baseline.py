@@ -28,7 +28,7 @@ GUEST_FLAGS = ["-O2", "-mgeneral-regs-only", "-fno-tree-loop-distribute-patterns
 
 def build(program: str) -> Path:
     """guests/PROGRAM.c as a process; rebuilt when any source is newer."""
-    sources = [ROOT / "guests" / f"{program}.c", RUNTIME / "netproto.c"]
+    sources = [ROOT / "guests" / f"{program}.c", RUNTIME / "netproto.c", RUNTIME / "parse.c"]
     headers = [RUNTIME / "netproto.h", RUNTIME / "rt.h", RUNTIME / "solo5.h"]
     out = OUT / f"{program}-process"
     newest = max(p.stat().st_mtime for p in [*sources, *headers, SHIM])

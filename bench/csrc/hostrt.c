@@ -216,31 +216,6 @@ void *rt_alloc(size_t size, size_t align)
     return posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size) ? NULL : p;
 }
 
-const char *rt_skip_spaces(const char *s)
-{
-    while (*s == ' ' || *s == '\t')
-        s++;
-    return s;
-}
-
-bool rt_parse_u64(const char **s, uint64_t *value)
-{
-    const char *p = *s;
-    uint64_t v = 0;
-
-    if (*p < '0' || *p > '9')
-        return false;
-    for (; *p >= '0' && *p <= '9'; p++) {
-        uint64_t digit = (uint64_t)(*p - '0');
-        if (v > (UINT64_MAX - digit) / 10)
-            return false;
-        v = v * 10 + digit;
-    }
-    *s = p;
-    *value = v;
-    return true;
-}
-
 int main(int argc, char **argv)
 {
     struct solo5_start_info si = { 0 };

@@ -244,26 +244,18 @@ static int shm_prepare_sleep(void)
 
 /* ---- the driver ---------------------------------------------------------- */
 
-/* pyvmm_net_read_done: give the lent slot back to the host. */
-static void shm_read_done(solo5_handle_t h)
+/* The slot is the host's again. */
+static void shm_consume(struct shm_dev *d)
 {
-    struct shm_dev *d = &devs[h];
-
-    if (!d->rx_lent)
-        return;
-    d->rx_lent = 0;
     d->rx_cons++;
     shm_cons_release(d->rx, d->rx_cons);
 }
 
-/* pyvmm_net_read_zc: lend the next good slot; bad ones are skipped (and
- * counted) as shm_read skips them. */
-static solo5_result_t shm_read_zc(solo5_handle_t h, uint8_t **frame,
-        size_t *len)
+/* The next slot holding a frame of at most `size` bytes, left in place for
+ * the caller to consume; bad ones on the way are skipped and counted. */
+static solo5_result_t shm_next_frame(struct shm_dev *d, size_t size,
+        struct shm_slot **slot, uint32_t *len)
 {
-    struct shm_dev *d = &devs[h];
-
-    shm_read_done(h);
     for (;;) {
         uint32_t avail = shm_cons_avail(d->rx, d->rx_cons, d->slots);
         if (avail == 0)
@@ -275,48 +267,62 @@ static solo5_result_t shm_read_zc(solo5_handle_t h, uint8_t **frame,
         struct shm_slot *s = shm_slot_at(d->rx, d->rx_cons, d->slots);
         /* Read the length once; the host could change it under us. */
         uint32_t n = __atomic_load_n(&s->len, __ATOMIC_RELAXED);
-        if (n != 0 && n <= SHM_SLOT_DATA) {
-            d->rx_lent = 1;
+        if (n != 0 && n <= SHM_SLOT_DATA && n <= size) {
             d->st.rx_frames++;
-            *frame = s->data;
+            *slot = s;
             *len = n;
             return SOLO5_R_OK;
         }
-        d->rx_cons++;
-        shm_cons_release(d->rx, d->rx_cons);
-        d->st.rx_dropped++;
+        shm_consume(d);
+        d->st.rx_dropped++;   /* a bad slot: skip it, look at the next */
     }
 }
 
+/* pyvmm_net_read_done: give the lent slot back to the host. */
+static void shm_read_done(solo5_handle_t h)
+{
+    struct shm_dev *d = &devs[h];
+
+    if (!d->rx_lent)
+        return;
+    d->rx_lent = 0;
+    shm_consume(d);
+}
+
+/* pyvmm_net_read_zc: lend the next good slot (until shm_read_done). */
+static solo5_result_t shm_read_zc(solo5_handle_t h, uint8_t **frame,
+        size_t *len)
+{
+    struct shm_dev *d = &devs[h];
+    struct shm_slot *s;
+    uint32_t n;
+
+    shm_read_done(h);
+    solo5_result_t r = shm_next_frame(d, SHM_SLOT_DATA, &s, &n);
+    if (r == SOLO5_R_OK) {
+        d->rx_lent = 1;
+        *frame = s->data;
+        *len = n;
+    }
+    return r;
+}
+
+/* solo5_net_read: copy the next good frame that fits `size`. */
 static solo5_result_t shm_read(solo5_handle_t h, uint8_t *buf, size_t size,
         size_t *read_size)
 {
     struct shm_dev *d = &devs[h];
+    struct shm_slot *s;
+    uint32_t n;
 
     shm_read_done(h);
-    for (;;) {
-        uint32_t avail = shm_cons_avail(d->rx, d->rx_cons, d->slots);
-        if (avail == 0)
-            return SOLO5_R_AGAIN;
-        if (avail == SHM_BAD) {
-            d->st.bad_index++;
-            return SOLO5_R_EUNSPEC;
-        }
-        struct shm_slot *s = shm_slot_at(d->rx, d->rx_cons, d->slots);
-        /* Read the length once; the host could change it under us. */
-        uint32_t len = __atomic_load_n(&s->len, __ATOMIC_RELAXED);
-        bool good = len != 0 && len <= SHM_SLOT_DATA && len <= size;
-        if (good)
-            memcpy(buf, s->data, len);
-        d->rx_cons++;
-        shm_cons_release(d->rx, d->rx_cons);
-        if (good) {
-            d->st.rx_frames++;
-            *read_size = len;
-            return SOLO5_R_OK;
-        }
-        d->st.rx_dropped++;   /* a bad slot: skip it, look at the next */
+    solo5_result_t r = shm_next_frame(d, size, &s, &n);
+    if (r == SOLO5_R_OK) {
+        memcpy(buf, s->data, n);   /* before the slot is the host's again */
+        shm_consume(d);
+        *read_size = n;
     }
+    return r;
 }
 
 static solo5_result_t shm_queue(solo5_handle_t h, const uint8_t *buf,
