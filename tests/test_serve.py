@@ -596,3 +596,22 @@ def test_sigusr1_prints_a_vms_counters_and_it_runs_on(launcher, tmp_path, pooled
     assert launcher.api("GET", f"/vms/{vm['id']}")[1]["state"] == "running"
     status, end = launcher.api("DELETE", f"/vms/{vm['id']}")
     assert status == 200 and end["exit_status"] == 128 + signal.SIGTERM, end
+
+
+def test_the_rehearsal_of_a_create_that_no_longer_plans_changes_nothing(tmp_path):
+    """Once a VM runs, the launcher prepares its create again and throws
+    it away (its copy-on-write faults off the next request's path:
+    docs/serve.md); a kernel or directory gone since is no error."""
+    from pyvmm.serve.server import Launcher as Server
+    from pyvmm.serve.warm import HostFacts
+
+    server = Server(str(tmp_path / "s.sock"), HostFacts())
+    try:
+        server._rehearse()  # no create yet
+        server._last_create = {"argv": [str(tmp_path / "gone.hvt")], "cwd": None}
+        server._rehearse()
+        server._last_create = {"argv": [str(guest("hello"))], "cwd": str(tmp_path / "gone")}
+        server._rehearse()
+        assert not server.vms and not server.live
+    finally:
+        server._close()
