@@ -38,13 +38,15 @@ class GuestFault(PyvmmError):
     """The guest did something that ends its run (fault, bad pointer)."""
 
 
+# The stop signals' names, known without importing the signal module on
+# the way out: after --user (files the new user cannot read) or under the
+# sandbox an import there can fail. Linux numbers them alike on x86_64 and
+# aarch64.
+_STOP_SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 15: "SIGTERM"}
+
+
 def stop_message(signum: int) -> str:
     """The one line for a run ended by a stop signal (status 128 + signum),
     with solo5-hvt's words for the same event."""
-    import signal
-
-    try:
-        name = signal.Signals(signum).name
-    except ValueError:
-        name = f"signal {signum}"
+    name = _STOP_SIGNAL_NAMES.get(signum, f"signal {signum}")
     return f"stopped by {name} (Exiting on signal {signum})"
