@@ -16,7 +16,7 @@
 and blocks opening ``exec.fifo`` in the state directory for writing, as
 runc's init does; ``create`` returns, and the shim (a child subreaper)
 inherits the child. ``start`` opens the FIFO for reading and takes one
-byte: the child continues and execs ``python3 -m pyvmm ... KERNEL ARGS``
+byte: the child continues and execs ``pyvmm ... KERNEL ARGS`` (its launcher)
 under the same pid, so the shim reaps pyvmm itself (its exit status is the
 guest's, 128 + N after a stop signal) and its stdout/stderr are the
 container's. ``state`` says ``created`` while the FIFO exists and the
@@ -150,8 +150,18 @@ def _send_console(sock_path: str) -> int:
     return slave
 
 
+def _pyvmm_command() -> list[str]:
+    """The pyvmm command: its native launcher (docs/startup.md: a lean
+    start, and no window in which a stop signal meets a half-started
+    interpreter), or this interpreter where the launcher was not built."""
+    launcher = os.path.join(os.path.dirname(os.path.dirname(__file__)), "_launcher")
+    if os.access(launcher, os.X_OK):
+        return [launcher]
+    return [sys.executable, "-m", "pyvmm"]
+
+
 def pyvmm_argv(kernel: Unikernel, tap: str | None, mac: str | None) -> list[str]:
-    argv = [sys.executable, "-m", "pyvmm"]
+    argv = _pyvmm_command()
     if kernel.mem_mib is not None:
         argv.append(f"--mem={kernel.mem_mib}")
     if tap is not None:
