@@ -25,8 +25,6 @@ Two rules, each written once here:
   (docs/security.md).
 """
 
-from __future__ import annotations
-
 import os
 import stat
 from collections.abc import Iterable
@@ -53,7 +51,7 @@ class FileIdentity(NamedTuple):
     ctime_ns: int
 
     @classmethod
-    def of(cls, st: os.stat_result) -> FileIdentity:
+    def of(cls, st: os.stat_result) -> "FileIdentity":
         return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
