@@ -60,6 +60,10 @@ from testkit import smaps  # noqa: E402
 from testkit.netns import NetNamespace  # noqa: E402
 
 GUESTS = ROOT / "guests" / "bin"
+# The pyvmm command as scripts/setup installs it (the native launcher: no
+# site start-up files, docs/startup.md), else the interpreter.
+_LAUNCHER = ROOT / "pyvmm" / "_launcher"
+PYVMM = [str(_LAUNCHER)] if os.access(_LAUNCHER, os.X_OK) else [sys.executable, "-m", "pyvmm"]
 GUEST_IP, PORT = "10.0.0.2", "5000"
 START_WITHIN = 60.0  # seconds for one guest's first line, on a loaded machine
 
@@ -131,7 +135,7 @@ def guest_argv(index: int, args: argparse.Namespace) -> list[str]:
 def start(ns: NetNamespace, index: int, args: argparse.Namespace, env: dict[str, str]) -> Guest:
     """A cold command-line guest on its own new tap."""
     ns.add_tap(f"tap{index}", address=None)
-    argv = [sys.executable, "-m", "pyvmm", *guest_argv(index, args)]
+    argv = [*PYVMM, *guest_argv(index, args)]
     spawned = time.monotonic()
     proc = ns.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     wait_first_line(proc, spawned)
@@ -147,7 +151,7 @@ class Launcher:
         self.call = call
         self.dir = tempfile.mkdtemp(prefix="pyvmm-density-")
         self.sock = os.path.join(self.dir, "api.sock")
-        argv = [sys.executable, "-m", "pyvmm", "serve", "--api-sock", self.sock]
+        argv = [*PYVMM, "serve", "--api-sock", self.sock]
         self.proc: subprocess.Popen | None = None
         try:
             self.proc = ns.popen(argv, stdout=subprocess.DEVNULL, env=env)
