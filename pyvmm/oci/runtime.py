@@ -150,7 +150,7 @@ def _send_console(sock_path: str) -> int:
     return slave
 
 
-def _pyvmm_command() -> list[str]:
+def pyvmm_command() -> list[str]:
     """The pyvmm command: its native launcher (docs/startup.md: a lean
     start, and no window in which a stop signal meets a half-started
     interpreter), or this interpreter where the launcher was not built."""
@@ -161,7 +161,7 @@ def _pyvmm_command() -> list[str]:
 
 
 def pyvmm_argv(kernel: Unikernel, tap: str | None, mac: str | None) -> list[str]:
-    argv = _pyvmm_command()
+    argv = pyvmm_command()
     if kernel.mem_mib is not None:
         argv.append(f"--mem={kernel.mem_mib}")
     if tap is not None:

@@ -16,7 +16,7 @@ from conftest import guest
 from pyvmm.oci import image as oci_image
 from pyvmm.oci.bundle import BundleError, net_args, read_bundle
 from pyvmm.oci.network import Link, tap_name
-from pyvmm.oci.runtime import parse_signal, pyvmm_argv
+from pyvmm.oci.runtime import parse_signal, pyvmm_argv, pyvmm_command
 
 
 def make_bundle(tmp_path, kernel="hello", at="/unikernel/kernel.hvt", **config):
@@ -52,8 +52,9 @@ def test_memory_limit_becomes_mem_in_mib(tmp_path):
     bundle = make_bundle(tmp_path, linux={"resources": {"memory": {"limit": 64 * 2**20 + 12345}}})
     kernel = read_bundle(str(bundle))
     assert kernel.mem_mib == 64
-    argv = pyvmm_argv(kernel, None, None)
-    assert argv[3:] == ["--mem=64", "--", kernel.path]
+    command, argv = pyvmm_command(), pyvmm_argv(kernel, None, None)
+    assert argv[: len(command)] == command
+    assert argv[len(command) :] == ["--mem=64", "--", kernel.path]
 
 
 def test_a_limit_below_2_mib_is_refused(tmp_path):
@@ -176,8 +177,8 @@ def test_block_annotations_attach_a_mount_source_or_a_rootfs_file(tmp_path):
         mounts=[{"destination": "/data/disk.img", "type": "bind", "source": "/srv/disk.img"}],
     )
     kernel = read_bundle(str(bundle))
-    argv = pyvmm_argv(kernel, None, None)
-    assert argv[3:5] == [
+    argv = pyvmm_argv(kernel, None, None)[len(pyvmm_command()) :]
+    assert argv[:2] == [
         f"--block:ro={bundle}/rootfs/images/base.img",
         "--block:storage=/srv/disk.img",
     ]
