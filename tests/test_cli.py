@@ -82,34 +82,39 @@ def test_ctrl_c_on_a_terminal_at_any_moment_of_start_up():
     """Ctrl-C typed on pyvmm's controlling terminal (a pty): the terminal
     driver sends SIGINT to the foreground group; status 130, one line."""
     for delay in DELAYS[::2]:
-        master, slave = pty.openpty()
 
-        def own_terminal(slave=slave):
-            os.setsid()
-            fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+        def start(**kwargs) -> subprocess.Popen:
+            argv = [sys.executable, "-m", "pyvmm", "--mem=8", str(guest("spin"))]
+            return subprocess.Popen(argv, cwd=ROOT, **kwargs)
 
-        vm = subprocess.Popen(
-            [sys.executable, "-m", "pyvmm", "--mem=8", str(guest("spin"))],
-            stdin=slave,
-            stdout=slave,
-            stderr=slave,
-            cwd=ROOT,
-            preexec_fn=own_terminal,
-        )
-        os.close(slave)
-        try:
-            _wait_for_handlers(vm.pid)
-            time.sleep(delay)
-            os.write(master, b"\x03")  # the terminal's VINTR character
-            status = vm.wait(timeout=30)
-            text = _read_all(master)
-        finally:
-            if vm.poll() is None:
-                vm.kill()
-                vm.wait()
-            os.close(master)
-        assert status == 130, (delay, status, text)
-        assert _pyvmm_lines(text) == [INTERRUPTED], (delay, text)
+        _ctrl_c_on_a_terminal(start, _wait_for_handlers, delay)
+
+
+def _ctrl_c_on_a_terminal(start, ready, delay: float) -> None:
+    """Start pyvmm (``start(**popen_kwargs)``) on a new pty as its controlling
+    terminal, wait until ``ready(pid)``, then ``delay`` seconds, type Ctrl-C:
+    status 130 and the one line."""
+    master, slave = pty.openpty()
+
+    def own_terminal(slave=slave):
+        os.setsid()
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+
+    vm = start(stdin=slave, stdout=slave, stderr=slave, preexec_fn=own_terminal)
+    os.close(slave)
+    try:
+        ready(vm.pid)
+        time.sleep(delay)
+        os.write(master, b"\x03")  # the terminal's VINTR character
+        status = vm.wait(timeout=30)
+        text = _read_all(master)
+    finally:
+        if vm.poll() is None:
+            vm.kill()
+            vm.wait()
+        os.close(master)
+    assert status == 130, (delay, status, text)
+    assert _pyvmm_lines(text) == [INTERRUPTED], (delay, text)
 
 
 # -- the interpreter's own start-up: the native launcher ---------------------------
@@ -169,34 +174,9 @@ def test_ctrl_c_on_a_terminal_during_the_interpreters_start_up():
     rng = random.Random(2)
     for _ in range(15):
         delay = rng.uniform(0, 0.06)
-        master, slave = pty.openpty()
-
-        def own_terminal(slave=slave):
-            os.setsid()
-            fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
-
-        vm = _launch(
-            "--mem=8",
-            guest("spin"),
-            stdin=slave,
-            stdout=slave,
-            stderr=slave,
-            preexec_fn=own_terminal,
+        _ctrl_c_on_a_terminal(
+            lambda **kwargs: _launch("--mem=8", guest("spin"), **kwargs), _wait_for_launcher, delay
         )
-        os.close(slave)
-        try:
-            _wait_for_launcher(vm.pid)
-            time.sleep(delay)
-            os.write(master, b"\x03")  # the terminal's VINTR character
-            status = vm.wait(timeout=30)
-            text = _read_all(master)
-        finally:
-            if vm.poll() is None:
-                vm.kill()
-                vm.wait()
-            os.close(master)
-        assert status == 130, (delay, status, text)
-        assert _pyvmm_lines(text) == [INTERRUPTED], (delay, text)
 
 
 INTERRUPTED = "pyvmm: stopped by SIGINT (Exiting on signal 2)"

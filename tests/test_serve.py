@@ -156,16 +156,8 @@ def test_the_commands_notes_reach_the_vms_stderr(launcher, tmp_path, pooled):
     """The plan is made in the launcher (and a pooled VM is set up before it
     has a console): its lines still reach the VM's stderr, as the command's."""
     argv = ["-v", "--mem=3", str(guest("hello").relative_to(ROOT))]
-    if pooled:
-        status, pool = launcher.api("POST", "/pool", {"argv": argv, "cwd": str(ROOT)})
-        assert status == 201, pool
-        deadline = time.monotonic() + 30
-        while launcher.api("GET", "/pool")[1]["pools"][0]["ready"] != 1:
-            assert time.monotonic() < deadline, "the pool never got ready"
-            time.sleep(0.05)
     err = tmp_path / "err"
-    status, vm = launcher.create(*argv, cwd=str(ROOT), stderr=str(err), stdout=os.devnull)
-    assert status == 201 and vm.get("pooled", False) == pooled, vm
+    vm = start(launcher, tmp_path, argv, pooled, stderr=str(err), stdout=os.devnull)
     assert launcher.api("GET", f"/vms/{vm['id']}/wait")[1]["exit_status"] == 0
     command = run_pyvmm(*argv)
     assert command.returncode == 0
