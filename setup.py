@@ -6,10 +6,15 @@ otherwise."""
 import os
 import sys
 
-from setuptools import setup
+from setuptools import Distribution, setup
 from setuptools.command.build_ext import build_ext
 
 LAUNCHER_SOURCE = os.path.join("csrc", "launcher.c")
+#: The launcher as the scripts directory's ``pyvmm``: build_ext runs before
+#: build_scripts, which copies it as it is (no shebang to rewrite), so any
+#: install (a wheel, ``pip install .``, an editable one) gets the native
+#: command rather than a Python wrapper around pyvmm.entry:run.
+COMMAND = os.path.join("build", "command", "pyvmm")
 
 
 class BuildWithLauncher(build_ext):
@@ -43,9 +48,29 @@ class BuildWithLauncher(build_ext):
         except Exception:  # no static libc: the same, dynamically linked
             compiler.link_executable(objects, "_launcher", output_dir=package_dir)
         os.chmod(target, 0o755)
+        # The same program as the install's `pyvmm` command (see below).
+        os.makedirs(os.path.dirname(COMMAND), exist_ok=True)
+        self.copy_file(target, COMMAND)
+
+
+#: setuptools' own build_scripts (its copy of distutils, whatever is imported).
+_BuildScripts = Distribution().get_command_class("build_scripts")
+
+
+class BuildCommand(_BuildScripts):
+    """Copies the launcher as it is: build_scripts would read each script
+    as Python source to rewrite its shebang, and the launcher is ELF."""
+
+    def run(self) -> None:
+        self.mkpath(self.build_dir)
+        for script in self.scripts or ():
+            target = os.path.join(self.build_dir, os.path.basename(script))
+            self.copy_file(script, target)
+            os.chmod(target, 0o755)
 
 
 setup(
     cffi_modules=["csrc/build_native.py:ffibuilder"],
-    cmdclass={"build_ext": BuildWithLauncher},
+    cmdclass={"build_ext": BuildWithLauncher, "build_scripts": BuildCommand},
+    scripts=[COMMAND],
 )

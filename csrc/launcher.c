@@ -16,7 +16,10 @@
  *    finder, no user site, no PYTHON* variables), with the directory that
  *    holds this package put first on sys.path. The launcher lives inside
  *    the package (pyvmm/_launcher), so that directory is two levels above
- *    /proc/self/exe, wherever the package is installed or checked out.
+ *    /proc/self/exe, wherever the package is installed or checked out. A
+ *    wheel also installs a copy as the scripts directory's `pyvmm` (where
+ *    pip would put a Python wrapper): that copy finds the package in the
+ *    interpreter's site-packages.
  *
  * The interpreter is the one the package was built for (PYVMM_PYTHON, set
  * by setup.py); PYVMM_PYTHON in the environment overrides it (tests, a
@@ -46,7 +49,11 @@ static const char boot[] =
     "start, root = sys.argv[1:3]\n"
     "del sys.argv[1:3]\n"
     "sys.argv[0] = 'pyvmm'\n"
-    "sys.path.insert(0, root)\n"
+    "if root:\n"
+    "    sys.path.insert(0, root)\n"
+    "else:\n"
+    "    import site\n"
+    "    site.main()\n"
     "from pyvmm.entry import launched\n"
     "launched(start)\n";
 
@@ -90,8 +97,32 @@ int main(int argc, char **argv)
     }
     if (root[0] == '\0')
         strcpy(root, "/");
+    /* Installed as a command of its own (a wheel puts it in the scripts
+     * directory as bin/pyvmm): the package is in site-packages, which the
+     * boot code ("" as ROOT) adds as site would (a virtual environment's,
+     * the .pth files of an editable install). */
+    char entry[PATH_MAX + 32];
+    snprintf(entry, sizeof entry, "%s/pyvmm/entry.py", root);
+    int installed_as_command = access(entry, R_OK) != 0;
+    /* Its interpreter is the one beside it when there is one (a virtual
+     * environment's bin/), as pip's own wrappers name the interpreter that
+     * installed them; else the one the package was built for. */
+    char sibling[PATH_MAX + 32];
+    sibling[0] = '\0';
+    if (installed_as_command) {
+        len = readlink("/proc/self/exe", sibling, PATH_MAX);
+        sibling[len > 0 ? len : 0] = '\0';
+        char *slash = strrchr(sibling, '/');
+        if (slash != NULL)
+            strcpy(slash, "/python3");
+        if (access(sibling, X_OK) != 0)
+            sibling[0] = '\0';
+        root[0] = '\0';
+    }
 
     const char *python = getenv("PYVMM_PYTHON");
+    if ((python == NULL || python[0] == '\0') && sibling[0] != '\0')
+        python = sibling;
     if (python == NULL || python[0] == '\0')
         python = PYVMM_PYTHON;
 

@@ -165,10 +165,23 @@ def launched(start_ns: str) -> None:
     try:
         import _cffi_backend  # noqa: F401
     except ImportError:
-        import site
-
-        sys.path += [p for p in site.getsitepackages() if p not in sys.path]
+        sys.path += [p for p in _site_packages() if p not in sys.path]
     exit_process(main())
+
+
+def _site_packages() -> list[str]:
+    """Where the interpreter's packages are, without running site: in a
+    virtual environment (scripts/setup makes one) its own site-packages,
+    which ``-S`` leaves out (site is what reads pyvenv.cfg)."""
+    import os
+
+    prefix = os.path.dirname(os.path.dirname(sys.executable))
+    if os.path.exists(os.path.join(prefix, "pyvenv.cfg")):
+        version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        return [os.path.join(prefix, "lib", version, "site-packages")]
+    import site
+
+    return site.getsitepackages()
 
 
 def run() -> None:
