@@ -7,6 +7,7 @@
                          [--peer NAME=PATH [--peer-guest PATH]]
                          [--sender packet|udp] [--no-tx] [--no-latency]
                          [--out PREFIX] [--quick]
+    python3 bench/pps.py --redraw PREFIX.json
 
 Receive (the table everyone reads). For each row this boots a receiving
 guest in a fresh network namespace with a tap, floods it from inside the
@@ -68,10 +69,12 @@ while doing it (hybrid's point: poll's latency at event's idle cost);
 `tender %` is the whole tender's CPU over the round trips and `idle %` over
 --idle-seconds before them, with the guest waiting and no traffic.
 
-Every raw number goes to PREFIX.json, the chart to PREFIX.png (matplotlib;
-without it, the JSON only). Nothing leaves the namespaces, which are removed
-afterwards, also on failure. --quick: short runs of every part, one repeat,
-well under a minute.
+Every raw number goes to PREFIX.json, the chart to PREFIX.png (matplotlib,
+in the test extra; without it, the JSON only; bench/pps_chart.py draws it
+from the JSON alone, and --redraw draws a saved run's again without
+measuring). Nothing leaves the namespaces, which are removed afterwards,
+also on failure. --quick: short runs of every part, one repeat, well under
+a minute.
 """
 
 from __future__ import annotations
@@ -93,7 +96,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import baseline  # noqa: E402
+from bench import baseline, pps_chart  # noqa: E402
 from testkit.helpers import STATS_SCHEMA, guest_report  # noqa: E402
 from testkit.netns import NetNamespace  # noqa: E402
 
@@ -774,60 +777,26 @@ def print_table(rows: list[dict], columns: list) -> None:
         print(line, flush=True)
 
 
-def chart(path: Path, rx: list[dict], tx: list[dict], lat: list[dict], title: str) -> str | None:
-    try:
-        import matplotlib
+SUMMARIZERS = {"rx": summarize_rx, "tx": summarize_tx, "latency": summarize_latency}
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed: no chart (pip install matplotlib)"
-    panels = [p for p in (rx, tx, lat) if p]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 4.2 * len(panels)), squeeze=False)
-    axes = list(axes[:, 0])
-    if rx:
-        ax = axes.pop(0)
-        x = np.arange(len(rx))
-        for i, (key, label) in enumerate(
-            [("offered", "offered"), ("tap_pps", "tap delivered"), ("received", "guest received")]
-        ):
-            vals = [r.get(key) or 0 for r in rx]
-            err = [(r.get(key + "_spread") or 0) / 2 for r in rx]
-            ax.bar(x + (i - 1) * 0.27, vals, 0.27, yerr=err, label=label, capsize=2)
-        ax.set_xticks(x, [r["mode"] for r in rx], rotation=20)
-        ax.set_ylabel("frames/s (median)")
-        ax.set_title(f"receive: {title}", fontsize=9)
-        ax2 = ax.twinx()
-        ax2.plot(x, [r.get("exits_per_kframe") or np.nan for r in rx], "kD", label="exits/1k fr")
-        ax2.set_yscale("log")
-        ax2.set_ylabel("KVM exits per 1000 frames (log)")
-        ax.legend(loc="upper left", fontsize=8)
-        ax2.legend(loc="upper right", fontsize=8)
-    if tx:
-        ax = axes.pop(0)
-        x = np.arange(len(tx))
-        for i, (key, label) in enumerate([("guest_pps", "guest sent"), ("host_pps", "host got")]):
-            ax.bar(x + (i - 0.5) * 0.4, [r.get(key) or 0 for r in tx], 0.4, label=label)
-        ax.set_xticks(x, [r["mode"] for r in tx], rotation=20)
-        ax.set_ylabel("frames/s (median)")
-        ax.set_title("transmit (udpsend guest -> host socket)", fontsize=9)
-        ax.legend(fontsize=8)
-    if lat:
-        ax = axes.pop(0)
-        x = np.arange(len(lat))
-        for i, (key, label) in enumerate(
-            [("median_us", "median"), ("p99_us", "p99"), ("max_us", "max")]
-        ):
-            ax.bar(x + (i - 1) * 0.27, [r.get(key) or 0 for r in lat], 0.27, label=label)
-        ax.set_xticks(x, [r["mode"] for r in lat], rotation=20)
-        ax.set_yscale("log")
-        ax.set_ylabel("round trip, us (log)")
-        ax.set_title("latency (64-byte UDP request/response, one outstanding)", fontsize=9)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return None
+
+def redraw(json_path: Path) -> int:
+    """Draw the chart of a saved run again (beside it, as .png), measuring nothing."""
+    try:
+        raw = json.loads(json_path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        print(f"pps.py: --redraw {json_path}: {err}", file=sys.stderr)
+        return 1
+    if not isinstance(raw, dict) or not isinstance(raw.get("summary"), dict):
+        print(f"pps.py: --redraw {json_path}: not a bench/pps.py result", file=sys.stderr)
+        return 1
+    png = json_path.with_suffix(".png")
+    note = pps_chart.chart(png, raw, SUMMARIZERS)
+    if note:
+        print(f"pps.py: --redraw {json_path}: {note}", file=sys.stderr)
+        return 1
+    print(f"# chart: {png}")
+    return 0
 
 
 def machine() -> dict:
@@ -919,7 +888,15 @@ def main() -> int:
     parser.add_argument("--no-chart", action="store_true", help="JSON only, no PNG")
     parser.add_argument("--quick", action="store_true", help="short runs, under a minute")
     parser.add_argument("--json", action="store_true", help="also print the raw JSON")
+    parser.add_argument(
+        "--redraw",
+        type=Path,
+        metavar="JSON",
+        help="measure nothing: draw the chart of a saved run's JSON again, beside it as .png",
+    )
     args = parser.parse_args()
+    if args.redraw:
+        return redraw(args.redraw)
     if args.quick:
         args.seconds = min(args.seconds, 1.0)
         args.repeat = 1
@@ -1002,7 +979,7 @@ def main() -> int:
     Path(f"{out}.json").write_text(json.dumps(raw) + "\n")
     note = "not asked for (--no-chart)"
     if not args.no_chart:
-        note = chart(Path(f"{out}.png"), rx, tx, lat, title)
+        note = pps_chart.chart(Path(f"{out}.png"), raw, SUMMARIZERS)
     print(f"\n# raw numbers: {out}.json; chart: {note or f'{out}.png'}")
     if args.json:
         print(json.dumps(raw))

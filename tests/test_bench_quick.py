@@ -1,5 +1,6 @@
 """bench/pps.py --quick runs end to end: one shmstream mode, one repeat,
-every table (receive, transmit, latency), and writes valid JSON.
+every table (receive, transmit, latency), and writes valid JSON and its
+chart (matplotlib is in the test extra).
 
 Timings are never asserted (docs/benchmarks.md); only that the run works
 and that its raw numbers are there and consistent with each other.
@@ -19,12 +20,12 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.kvm, pytest.mark.netns]
 
 
-def test_pps_quick_writes_json(tmp_path: Path) -> None:
+def test_pps_quick_writes_json_and_chart(tmp_path: Path) -> None:
     prefix = tmp_path / "pps"
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "pps.py"), "--quick", "--modes", "poll"]
         + ["--seconds", "0.5", "--repeat", "1", "--ring-guest", "", "--out", str(prefix)]
-        + ["--tx-count", "2000", "--lat-count", "20", "--no-chart"],
+        + ["--tx-count", "2000", "--lat-count", "20"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -46,3 +47,6 @@ def test_pps_quick_writes_json(tmp_path: Path) -> None:
     for lat in raw["summary"]["latency"]:
         assert lat["answered"] + lat["lost"] == 20 and lat["median_us"] > 0
     assert "## receive" in done.stdout and "## latency" in done.stdout
+    png = prefix.with_suffix(".png")
+    assert f"chart: {png}" in done.stdout
+    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
