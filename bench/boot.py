@@ -13,7 +13,7 @@ wait4's rusage: less sensitive to other processes than wall time). No
 peak RSS: a child's ru_maxrss starts from this Python process's own, which
 it was forked from (bench/density.py measures memory). ``--peer NAME=PATH``
 adds a row running PATH on the same kernel (solo5-hvt runs pyvmm's own
-guests as well as Solo5's), the comparison issue 12 asks for.
+guests as well as Solo5's): how far pyvmm's start is from a C tender's.
 ``--checkout NAME=DIR`` adds rows running another copy of pyvmm (DIR holds
 its ``pyvmm`` package with the extension built, such as ``git archive`` of
 an older commit plus a copy of pyvmm/_native.abi3.so) as ``python3 -m

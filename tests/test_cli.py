@@ -1,4 +1,4 @@
-"""The command line as a user meets it (issue 15): stop signals at any
+"""The command line as a user meets it: stop signals at any
 moment of start-up, both option syntaxes, suggestions, repeats, the --mem
 note, hints, output errors, locked disks, log levels, --query-manifest,
 and --help, the man page and completion made from one option table."""
@@ -153,7 +153,7 @@ def _launch(*args: str, **kwargs) -> subprocess.Popen:
 def test_stop_signal_during_the_interpreters_start_up_gives_one_line(sig):
     """Through the launcher, a signal at a random moment of the first 60 ms
     (the interpreter's own start-up, site, imports, the handlers' install):
-    128 + signal and exactly one line, every time (issue 15)."""
+    128 + signal and exactly one line, every time."""
     want = f"pyvmm: stopped by {sig.name} (Exiting on signal {sig.value})\n"
     rng = random.Random(int(sig))
     for _ in range(25):

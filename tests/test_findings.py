@@ -1,7 +1,7 @@
-"""Issue 13's confirmed findings, each with the guest or file that showed it
-(the review's reproductions): a stop signal while the console write blocks,
+"""What a security review of pyvmm found and confirmed, each with the guest
+or file that showed it (the review's reproductions): a stop signal while the console write blocks,
 and a stop signal taken by another thread than the API's vCPU thread.
-The loader, IO-service and hypercall-struct findings are unit tests
+The loader, IO-service and hypercall-struct cases are unit tests
 (tests/unit/test_loader_limits.py, test_hypercall_copy.py,
 test_ioservice_setup.py)."""
 

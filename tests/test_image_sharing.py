@@ -1,4 +1,4 @@
-"""Guests of one image share its pages (issue 12 item 4): pyvmm maps whole
+"""Guests of one image share its pages: pyvmm maps whole
 file pages copy-on-write instead of copying them, only for a file nobody
 but root and pyvmm's user can write (docs/security.md), and a guest's
 writes never reach the file."""

@@ -1,4 +1,4 @@
-"""A lean cold start (issue 12 item 2): each action imports only what it
+"""A lean cold start: each action imports only what it
 needs, so a module that creeps back onto the path shows here, not as a few
 milliseconds nobody notices. docs/startup.md has the measurements."""
 

@@ -1,4 +1,4 @@
-"""--trace (issue 12 item 1): the start-up and shut-down timeline on
+"""--trace: the start-up and shut-down timeline on
 stderr, and the Trace Event JSON file Perfetto and chrome://tracing open."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""An IO service whose set-up fails leaves no fd behind (issue 13: the kick
-and wake eventfds were opened before the try that closes them)."""
+"""An IO service whose set-up fails leaves no fd behind (the kick and wake
+eventfds were once opened before the try that closes them)."""
 
 from __future__ import annotations
 
