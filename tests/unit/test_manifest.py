@@ -272,11 +272,10 @@ _ANY_TYPES = st.sampled_from([NET, BLOCK, 0, 3, RESERVED, 0xFFFFFFFF])
 
 
 @st.composite
-def manifests(draw) -> tuple[bytes, bool]:
+def manifests(draw, honest: bool) -> tuple[bytes, bool]:
     """A manifest descriptor, and whether it follows the rules (reserved
-    entry 0, valid unique names, known types, an honest count and size).
-    Half are drawn by the rules, half from anything (mostly invalid)."""
-    honest = draw(st.booleans())
+    entry 0, valid unique names, known types, an honest count and size):
+    drawn by the rules (``honest``), or from anything (mostly invalid)."""
     if honest:
         devs = draw(
             st.lists(
@@ -304,14 +303,18 @@ def manifests(draw) -> tuple[bytes, bool]:
     return manifest_desc(entries, count=count) + tail, valid
 
 
-def test_parse_accepts_exactly_the_valid_and_raises_only_loader_error() -> None:
+@pytest.mark.parametrize("honest", [True, False], ids=["by-the-rules", "anything"])
+def test_parse_accepts_exactly_the_valid_and_raises_only_loader_error(honest: bool) -> None:
     """Property: a manifest built by the rules parses; any other raises
-    LoaderError with the manifest prefix, never anything else. The strategy
-    keeps both kinds common: at least a quarter of the examples each."""
+    LoaderError with the manifest prefix, never anything else. Both kinds
+    are drawn in a run of their own, so that neither depends on how a
+    version of hypothesis weighs a boolean (one drew the rules' branch 70
+    times in 300); the rules' branch is always valid, and most of the
+    other's examples are invalid."""
     seen = {True: 0, False: 0}
 
-    @settings(max_examples=300, deadline=None, database=None)
-    @given(manifests())
+    @settings(max_examples=150, deadline=None, database=None)
+    @given(manifests(honest))
     def check(case: tuple[bytes, bool]) -> None:
         desc, valid = case
         seen[valid] += 1
@@ -328,4 +331,7 @@ def test_parse_accepts_exactly_the_valid_and_raises_only_loader_error() -> None:
 
     check()
     total = seen[True] + seen[False]
-    assert seen[True] >= total // 4 and seen[False] >= total // 4, seen
+    if honest:
+        assert seen[True] == total, seen
+    else:
+        assert seen[False] >= total // 2, seen
