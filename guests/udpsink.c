@@ -2,12 +2,13 @@
  * udpsink: counts the UDP datagrams sent to its IP and PORT on net device
  * "service0" and checks their payload pattern.
  *
- *   udpsink.hvt IP PORT [EXPECTED [IDLE_MS]]
+ *   udpsink.hvt IP PORT [any] [EXPECTED [IDLE_MS]]
  *
  * Pattern (what the test and bench senders generate): bytes 0-7 of the
  * payload are a little-endian uint64 sequence number s, every later byte i
  * (0-based offset in the payload) is (s + i) & 0xff.  A payload shorter
- * than 8 bytes is a pattern error.
+ * than 8 bytes is a pattern error.  With `any`, every datagram to PORT is
+ * counted and none is checked (ordinary UDP: `echo hi > /dev/udp/IP/PORT`).
  *
  * Ends when EXPECTED datagrams arrived (EXPECTED > 0), or when none arrived
  * for IDLE_MS milliseconds (default 2000) after the first one.  Frames are
@@ -18,15 +19,17 @@
  *   frames: N  bytes: N (payload)  pattern_errors: N  out_of_order: N
  *   elapsed_us: N (first to last datagram)  kicks: N (our TX notifications)
  *   batches: N  max_batch: N  bad_checksum: N
- *   SUCCESS (exit 0) if pattern_errors == 0, else FAILURE: ... (exit 1)
+ *   SUCCESS (exit 0) if pattern_errors == 0, else FAILURE: ... (exit 1),
+ *   the line saying what the pattern is and that `any` takes any payload
  */
 #include "netproto.h"
 
 GUEST_MANIFEST(MFT_NET("service0"));
 
-#define USAGE "FAILURE: usage: udpsink.hvt IP PORT [EXPECTED [IDLE_MS]]\n"
+#define USAGE "FAILURE: usage: udpsink.hvt IP PORT [any] [EXPECTED [IDLE_MS]]\n"
 
 struct sink {
+    bool check; /* the payload pattern (not with `any`) */
     uint64_t frames, bytes, pattern_errors, out_of_order, bad_checksum;
     uint64_t last_seq;
     solo5_time_t first, last;
@@ -51,6 +54,8 @@ static void count_datagram(struct sink *k, const struct np_udp *udp)
     k->last = now;
     k->frames++;
     k->bytes += udp->len;
+    if (!k->check)
+        return;
     if (udp->len < 8) {
         k->pattern_errors++;
         return;
@@ -69,9 +74,15 @@ int solo5_app_main(const struct solo5_start_info *si)
     uint8_t ip[4];
     uint64_t port, expected = 0, idle_ms = 2000;
 
+    bool check = true;
+
     if (!np_parse_ip_port(&p, ip, &port))
         goto usage;
     p = rt_skip_spaces(p);
+    if (p[0] == 'a' && p[1] == 'n' && p[2] == 'y' && (p[3] == ' ' || p[3] == '\0')) {
+        check = false;
+        p = rt_skip_spaces(p + 3);
+    }
     if (*p != '\0' && !rt_parse_u64(&p, &expected))
         goto usage;
     p = rt_skip_spaces(p);
@@ -88,9 +99,10 @@ int solo5_app_main(const struct solo5_start_info *si)
     rt_printf("ready: counting UDP to port %lu", (unsigned long)port);
     if (expected != 0)
         rt_printf(", until %lu datagrams", (unsigned long)expected);
-    rt_printf(" or %lu ms idle\n", (unsigned long)idle_ms);
+    rt_printf(" or %lu ms idle%s\n", (unsigned long)idle_ms,
+              check ? ", checking the test pattern" : ", any payload");
 
-    struct sink k = { 0 };
+    struct sink k = { .check = check };
     uint64_t batches = 0, max_batch = 0;
     const solo5_time_t idle_ns = idle_ms * 1000000ULL;
     for (;;) {
@@ -161,7 +173,10 @@ int solo5_app_main(const struct solo5_start_info *si)
         rt_printf("rx_dropped: %lu\nbad_index: %lu\n",
                   (unsigned long)st.rx_dropped, (unsigned long)st.bad_index);
     if (k.pattern_errors != 0) {
-        rt_printf("FAILURE: %lu pattern errors\n",
+        rt_printf("FAILURE: %lu pattern errors (the test pattern: a "
+                  "little-endian 64-bit sequence number s, then byte i = "
+                  "(s + i) & 0xff, as testkit.traffic sends; `any` after "
+                  "PORT counts any UDP)\n",
                   (unsigned long)k.pattern_errors);
         return SOLO5_EXIT_FAILURE;
     }

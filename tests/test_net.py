@@ -160,3 +160,33 @@ def test_bad_per_frame_hypercalls_get_the_same_answer_from_c_and_python(case, en
             "--shm=off", "--net=tap100", guest("badcall"), case, env=engine_env(engine)
         )
     helpers.check_bad_call(result, *BAD_CALLS[case])
+
+
+@pytest.mark.parametrize("payload_check", [False, True], ids=["any", "pattern"])
+def test_udpsink_takes_ordinary_udp_with_any_and_says_what_to_send_without(payload_check):
+    """The README's udpsink example with what a person sends by hand (bash's
+    /dev/udp): `any` counts it; without it, the failure names the pattern
+    the sink checks and the word that turns the check off."""
+    words = [] if payload_check else ["any"]
+    with NetNamespace() as ns:
+        ns.add_tap("tap100", address="10.0.0.1/24")
+        vm, head = start_guest(
+            ns, "--net=tap100", guest("udpsink"), GUEST_IP, "5000", *words, "3", "5000"
+        )
+        assert ("checking the test pattern" in head) == payload_check, head
+        sent = ns.run(
+            ["bash", "-c", f"for i in 1 2 3; do echo hello > /dev/udp/{GUEST_IP}/5000; done"],
+            capture_output=True,
+            text=True,
+        )
+        assert sent.returncode == 0, sent.stderr
+        out, err = vm.communicate(timeout=60)
+    report = helpers.guest_report(out)
+    assert report["frames"] == "3", out + err
+    if payload_check:
+        assert vm.returncode == 1, out + err
+        assert "FAILURE: 3 pattern errors (the test pattern:" in out
+        assert "`any` after PORT counts any UDP" in out
+    else:
+        assert vm.returncode == 0, out + err
+        assert report["pattern_errors"] == "0" and "SUCCESS" in out
