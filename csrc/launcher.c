@@ -57,12 +57,17 @@ static const char boot[] =
     "from pyvmm.entry import launched\n"
     "launched(start)\n";
 
-static void fail(const char *what, const char *path)
+static void fail_with(const char *what, const char *path, const char *hint)
 {
     /* A message and status 1, as any other pyvmm error (a signal pending
      * meanwhile is discarded with the process). */
-    fprintf(stderr, "pyvmm: %s %s: %s\n", what, path, strerror(errno));
+    fprintf(stderr, "pyvmm: %s %s: %s%s\n", what, path, strerror(errno), hint);
     exit(1);
+}
+
+static void fail(const char *what, const char *path)
+{
+    fail_with(what, path, "");
 }
 
 int main(int argc, char **argv)
@@ -141,6 +146,9 @@ int main(int argc, char **argv)
         args[n++] = argv[i];
     args[n] = NULL;
     execv(python, args);
-    fail("cannot start the interpreter", python);
+    /* The interpreter moved or was removed since the build (a virtual
+     * environment deleted, pyenv's version changed): PYVMM_PYTHON is how
+     * to name another one. */
+    fail_with("cannot start the interpreter", python, " (PYVMM_PYTHON names another)");
     return 1;
 }

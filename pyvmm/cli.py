@@ -6,8 +6,10 @@
 Tender options all come before the unikernel path; the first argument that
 is not an option (or the one after ``--``) is the unikernel and every
 argument after it belongs to the guest, even one starting with ``--``.
-An option that takes a value accepts ``--opt=VALUE`` and ``--opt VALUE``;
-each option may be given once. Every error ends in one line on stderr and
+An option that takes a value accepts ``--opt=VALUE`` and ``--opt VALUE``,
+except an optional value (``--stats[=INTERVAL]``, ``--trace[=FILE]``),
+which is only ever ``--opt=VALUE``: the word after ``--stats`` is KERNEL.
+Each option may be given once. Every error ends in one line on stderr and
 a non-zero exit, never a traceback.
 
 Every option is one entry of ``OPTIONS`` (pyvmm's core) or an ``Option`` of
@@ -38,6 +40,8 @@ CPL_VALUES = ("auto", "0", "3", "deprivileged")
 SHM_VALUES = ("off", "poll", "event", "hybrid")
 LOG_LEVELS = ("error", "warning", "info", "debug")
 _HELP_COLUMN = 32
+#: --help fits a terminal of 80 columns.
+HELP_WIDTH = 80
 
 # The hybrid budget is microseconds of polling without work; past a second
 # it is poll mode, and the C side holds it in 32 bits.
@@ -62,18 +66,34 @@ class Command:
         self.trace: str | None = None
         #: setting -> the argument that gave it (each may be given once).
         self.given: dict[tuple[str, str | None], str] = {}
+        #: "did you mean --stats=1s?", when KERNEL is a word that follows
+        #: an optional-value option and looks like its value (kernel_hint).
+        self.kernel_hint: str | None = None
 
 
 class CliOption:
     """One of pyvmm's own options (device options: pyvmm.devices.Option).
 
     ``metavar`` empty: a flag without a value. ``optional_value``: the value
-    is given only as ``--opt=VALUE`` (``--stats[=INTERVAL]``). Options with
-    the same ``setting`` set one thing and may not be combined (``-v`` and
-    ``--quiet``). ``complete``: "file", or choices separated by "|".
+    is given only as ``--opt=VALUE`` (``--stats[=INTERVAL]``), and
+    ``value_like`` says whether a word could have been meant as one (the
+    hint when that word fails as KERNEL). Options with the same ``setting``
+    set one thing and may not be combined (``-v`` and ``--quiet``).
+    ``complete``: "file", or choices separated by "|". ``query``: the
+    option still means something with --query-manifest.
     """
 
-    __slots__ = ("names", "metavar", "help", "apply", "optional_value", "setting", "complete")
+    __slots__ = (
+        "names",
+        "metavar",
+        "help",
+        "apply",
+        "optional_value",
+        "setting",
+        "complete",
+        "value_like",
+        "query",
+    )
 
     def __init__(
         self,
@@ -84,6 +104,8 @@ class CliOption:
         optional_value: bool = False,
         setting: str = "",
         complete: str = "",
+        value_like: Callable[[str], bool] | None = None,
+        query: bool = False,
     ) -> None:
         self.names = names
         self.metavar = metavar
@@ -92,6 +114,8 @@ class CliOption:
         self.optional_value = optional_value
         self.setting = setting
         self.complete = complete
+        self.value_like = value_like
+        self.query = query
 
     def __repr__(self) -> str:
         return f"CliOption({self.form()!r})"
@@ -168,6 +192,16 @@ def _stats(cmd: Command, name: str, value: str | None) -> None:
         from pyvmm.statsview import parse_interval
 
         cmd.config.stats_interval = parse_interval("--stats", value)
+
+
+def _an_interval(word: str) -> bool:
+    from pyvmm.statsview import parse_interval
+
+    try:
+        parse_interval("--stats", word)
+    except UsageError:
+        return False
+    return True
 
 
 def _stats_json(cmd: Command, name: str, value: str | None) -> None:
@@ -290,6 +324,7 @@ OPTIONS: tuple[CliOption | object, ...] = (
         "prints the counters so far",
         _stats,
         optional_value=True,
+        value_like=_an_interval,
     ),
     CliOption(
         ("--stats-json",),
@@ -311,15 +346,18 @@ OPTIONS: tuple[CliOption | object, ...] = (
         _trace,
         optional_value=True,
         complete="file",
+        value_like=lambda word: True,  # any name can be a file's
+        query=True,
     ),
     CliOption(
-        ("-v",),
+        ("-v", "--verbose"),
         "",
         "say what pyvmm decides and why (log level\n"
         "info): privilege mode, device back ends,\n"
         "memory layout, ring placement",
         _level("info"),
         setting="log level",
+        query=True,
     ),
     CliOption(
         ("-vv",),
@@ -327,6 +365,7 @@ OPTIONS: tuple[CliOption | object, ...] = (
         "also debug: the vCPU's registers when a run\nends in a fault",
         _level("debug"),
         setting="log level",
+        query=True,
     ),
     CliOption(
         ("--log-level",),
@@ -335,6 +374,7 @@ OPTIONS: tuple[CliOption | object, ...] = (
         _level(""),
         setting="log level",
         complete="|".join(LOG_LEVELS),
+        query=True,
     ),
     CliOption(
         ("-q", "--quiet"),
@@ -342,27 +382,33 @@ OPTIONS: tuple[CliOption | object, ...] = (
         "errors only: no warnings, such as the note\nthat --mem was rounded",
         _level("error"),
         setting="log level",
+        query=True,
     ),
     CliOption(
         ("--query-manifest",),
         "",
         "print KERNEL's declared devices, its Solo5 ABI\n"
         "and pyvmm capability notes, and exit (as\n"
-        "solo5-elftool query-manifest)",
+        "solo5-elftool query-manifest); any option but\n"
+        "--json, --trace and the log levels is refused",
         _action("query-manifest"),
         setting="action",
+        query=True,
     ),
     CliOption(
         ("--json",),
         "",
         "--query-manifest: as JSON (solo5-elftool's\nobject, plus pyvmm's facts)",
         _json,
+        query=True,
     ),
     CliOption(("-h", "--help"), "", "show this help", _action("help")),
     CliOption(
         ("--version", "--host-info"),
         "",
-        "show version and what this host's KVM provides",
+        "show version and what this host's KVM provides\n"
+        "(status 1 when KVM cannot be used here: the\n"
+        "version, then why, on stderr)",
         _action("version"),
     ),
 )
@@ -373,14 +419,26 @@ EXIT_STATUSES = (
     (
         "1",
         "pyvmm's own error, one line on stderr starting with 'pyvmm: ' (bad option, kernel or "
-        "device, a guest fault, console output that cannot be written)",
+        "device, a guest fault, console output that cannot be written; --version where "
+        "this host's KVM cannot be used)",
     ),
     ("128+N", "stopped by signal N: 129 SIGHUP, 130 SIGINT, 143 SIGTERM, at any moment"),
 )
-#: (variable, meaning), for --help and the man page.
+#: (variable, meaning), for --help and the man page: every variable the
+#: pyvmm command reads (tests/test_cli.py looks for others in the source).
 ENVIRONMENT = (
     ("PYVMM_DEBUG=1", "show the traceback behind 'pyvmm: internal error' (a pyvmm bug)"),
     ("PYVMM_PY_HYPERCALLS=1", "answer every hypercall in Python instead of in C"),
+    (
+        "PYVMM_SANDBOX_SELFTEST=1",
+        "once the seccomp sandbox is on, try calls it must refuse and say what happened "
+        "(docs/security.md)",
+    ),
+    (
+        "PYVMM_IMAGE_SHARING=0",
+        "copy the unikernel's pages instead of mapping them from the page cache "
+        "(an image on a network file system others may write)",
+    ),
     (
         "PYVMM_PYTHON=PATH",
         "the interpreter the pyvmm command (its launcher) starts, instead of the one "
@@ -396,7 +454,7 @@ def core_options() -> list[CliOption]:
 class HelpEntry:
     """One line group of --help and one .TP of the man page."""
 
-    __slots__ = ("form", "help", "names", "complete", "takes_value")
+    __slots__ = ("form", "help", "names", "complete", "takes_value", "optional_value")
 
     def __init__(
         self,
@@ -405,12 +463,15 @@ class HelpEntry:
         names: tuple[str, ...],
         complete: str = "",
         takes_value: bool = False,
+        optional_value: bool = False,
     ) -> None:
         self.form = form
         self.help = help
         self.names = names
         self.complete = complete
         self.takes_value = takes_value
+        #: The value is only ever given as --opt=VALUE (--stats[=INTERVAL]).
+        self.optional_value = optional_value
 
     def __repr__(self) -> str:
         return f"HelpEntry({self.form!r})"
@@ -436,7 +497,9 @@ def help_entries() -> Iterator[HelpEntry]:
 
     for opt in OPTIONS:
         if isinstance(opt, CliOption):
-            yield HelpEntry(opt.form(), opt.help, opt.names, opt.complete, opt.takes_value)
+            yield HelpEntry(
+                opt.form(), opt.help, opt.names, opt.complete, opt.takes_value, opt.optional_value
+            )
         else:
             for kind in kinds():
                 for device_opt in kind.options:
@@ -454,17 +517,12 @@ def usage() -> str:
         "Run a Solo5 hvt unikernel on KVM. Options (solo5-hvt's, and pyvmm's own):",
     ]
     for item in help_entries():
-        first, *rest = item.help.split("\n")
-        if len(item.form) > _HELP_COLUMN - 3:
-            lines.append(f"  {item.form}")
-            rest = [first, *rest]
-        else:
-            lines.append(f"  {item.form:<{_HELP_COLUMN - 2}}{first}")
-        lines += [" " * _HELP_COLUMN + more for more in rest]
+        lines += _columns(item.form, item.help, _HELP_COLUMN)
     lines += [
-        "An option that takes a value accepts --opt=VALUE and --opt VALUE; each",
-        "option may be given once. Everything after KERNEL is the guest's",
-        "command line.",
+        "An option that takes a value accepts --opt=VALUE and --opt VALUE, but an",
+        "optional value only --opt=VALUE (--stats=1s, --trace=t.json: after --stats",
+        "the next word is KERNEL). Each option may be given once. Everything after",
+        "KERNEL is the guest's command line.",
         "",
         "pyvmm serve: a warm launcher: pyvmm imported once, then each VM started",
         "as its own child process on request over the Unix socket PATH (HTTP/JSON,",
@@ -473,10 +531,30 @@ def usage() -> str:
         "",
         "Exit status:",
     ]
-    lines += [f"  {status:<8}{text}" for status, text in EXIT_STATUSES]
+    for status, text in EXIT_STATUSES:
+        lines += _columns(status, text, 10)
     lines += ["", "Environment:"]
-    lines += [f"  {name:<24}{text}" for name, text in ENVIRONMENT]
+    column = max(len(name) for name, _ in ENVIRONMENT) + 4
+    for name, text in ENVIRONMENT:
+        lines += _columns(name, text, column)
     return "\n".join(lines) + "\n"
+
+
+def _columns(left: str, text: str, column: int) -> list[str]:
+    """``left`` indented by 2, ``text`` from ``column`` on, every line at
+    most HELP_WIDTH wide: the text's own line breaks are kept, a line too
+    long for the width is wrapped."""
+    import textwrap
+
+    width = HELP_WIDTH - column
+    body = [part for line in text.split("\n") for part in textwrap.wrap(line, width) or [""]]
+    first, *rest = body
+    if len(left) > column - 3:
+        out = [f"  {left}"]
+        rest = body
+    else:
+        out = [f"  {left:<{column - 2}}{first}".rstrip()]
+    return out + [" " * column + more for more in rest]
 
 
 # -- parsing ---------------------------------------------------------------------
@@ -543,6 +621,8 @@ def parse_command(argv: list[str]) -> Command:
     cmd = Command(VmConfig(kernel="", sandbox=True))  # the command sandboxes itself
     core = _spellings()
     devices: dict = {}  # the device kinds' options, imported at the first one
+    # (index of the word after an optional-value option, the hint for it)
+    maybe_value: tuple[int, str] | None = None
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -564,6 +644,10 @@ def parse_command(argv: list[str]) -> Command:
                 arg = f"{head}={given_value}"
             elif not opt.takes_value and given_value is not None:
                 raise UsageError(f"{head} takes no value (given: {arg})")
+            elif opt.value_like is not None and given_value is None and i + 1 < len(argv):
+                word = argv[i + 1]
+                if not word.startswith("-") and opt.value_like(word):
+                    maybe_value = (i + 1, f"did you mean {head}={word}?")
             _once(cmd, (opt.key, None), arg, shown)
             opt.apply(cmd, head, given_value)
             if cmd.action in ("help", "version"):
@@ -597,16 +681,45 @@ def parse_command(argv: list[str]) -> Command:
         raise UsageError("Missing KERNEL operand (see pyvmm --help)")
     cmd.config.kernel = argv[i]
     cmd.config.guest_args = argv[i + 1 :]
+    if maybe_value is not None and maybe_value[0] == i:
+        cmd.kernel_hint = maybe_value[1]
     if cmd.json and cmd.action != "query-manifest":
         raise UsageError("--json applies only to --query-manifest")
-    if cmd.action == "query-manifest" and cmd.config.guest_args:
+    if cmd.action == "query-manifest":
+        _only_query_options(cmd, core)
+    if cmd.config.hybrid_budget_us is not None and cmd.config.shm != "hybrid":
+        raise UsageError("--hybrid-budget applies only to --shm=hybrid")
+    return cmd
+
+
+def _only_query_options(cmd: Command, core: dict[str, CliOption]) -> None:
+    """--query-manifest reads KERNEL's notes and runs nothing: an option
+    about a run would be ignored, so it is refused instead."""
+    if cmd.config.guest_args:
         raise UsageError(
             f"--query-manifest takes only KERNEL (options go before it; "
             f"given after it: {' '.join(cmd.config.guest_args)})"
         )
-    if cmd.config.hybrid_budget_us is not None and cmd.config.shm != "hybrid":
-        raise UsageError("--hybrid-budget applies only to --shm=hybrid")
-    return cmd
+    for arg in cmd.given.values():
+        opt = core.get(arg.partition("=")[0])
+        if opt is None or not opt.query:
+            raise UsageError(
+                f"{arg} has no effect with --query-manifest (it reads KERNEL's notes and "
+                "runs nothing): leave it out"
+            )
+
+
+def kernel_hint(cmd: Command, err: PyvmmError) -> str:
+    """``err``'s line, with "did you mean --stats=1s?" when KERNEL failed as
+    a kernel and was the word after an optional-value option (whose value
+    is only ever given with '=')."""
+    text = str(err)
+    if cmd.kernel_hint and text.startswith(f"{cmd.config.kernel}: "):
+        from pyvmm.errors import LoaderError
+
+        if isinstance(err, LoaderError):
+            return f"{text} ({cmd.kernel_hint})"
+    return text
 
 
 def parse_args(argv: list[str]) -> VmConfig | str:
@@ -618,8 +731,14 @@ def parse_args(argv: list[str]) -> VmConfig | str:
 # -- the other actions -----------------------------------------------------------
 
 
-def version_text() -> str:
-    """Our version, the ABI, and what this host's KVM provides."""
+class NoHostFacts(PyvmmError):
+    """--version where this host's KVM cannot be used: the version was
+    printed, the host's facts cannot be (status 1, the reason on stderr)."""
+
+
+def version_text() -> tuple[str, NoHostFacts | None]:
+    """Our version, the ABI, and what this host's KVM provides; or, where
+    KVM cannot be used, the version and what stands in the way."""
     lines = [f"pyvmm {__version__} (Solo5 hvt ABI 2)"]
     try:
         from pyvmm.host import host_info
@@ -628,8 +747,9 @@ def version_text() -> str:
         with System() as kvm:
             info = host_info(kvm)
     except PyvmmError as err:
-        lines.append(f"host: {err}")
-        return "\n".join(lines)
+        return lines[0], NoHostFacts(
+            f"no host facts: KVM cannot be used by this process (nor can guests run): {err}"
+        )
 
     def yes(flag: bool) -> str:
         return "yes" if flag else "no"
@@ -654,7 +774,7 @@ def version_text() -> str:
             else "guests at CPL 0"
         ),
     ]
-    return "\n".join(lines)
+    return "\n".join(lines), None
 
 
 def _say(line: str) -> None:
@@ -730,6 +850,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGUSR1 asks a running guest's counters (statsview.py); before the
     # guest runs there are none to print, and it must not kill pyvmm.
     _signal.signal(_signal.SIGUSR1, _signal.SIG_IGN)
+    cmd: Command | None = None
     try:
         _standard_fds()
         if argv[:1] in (["serve"], ["run"]):  # the warm launcher and its client
@@ -750,9 +871,11 @@ def main(argv: list[str] | None = None) -> int:
             codecache.save()
             return 0
         if cmd.action == "version":
-            text = version_text()
+            text, unavailable = version_text()
             trace.mark("host facts (/dev/kvm, a throw-away VM and vCPU)")
             _emit(text + "\n")
+            if unavailable is not None:
+                raise unavailable
             return 0
         _defer_logging(cmd.log_level)
         if cmd.action == "query-manifest":
@@ -774,7 +897,7 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stdout.flush()
             except OSError:
                 pass
-        _say(f"pyvmm: {err}")
+        _say(f"pyvmm: {kernel_hint(cmd, err) if cmd is not None else err}")
         return err.exit_status
     except KeyboardInterrupt:  # called without pyvmm.entry (tests, a program)
         _say(f"pyvmm: {stop_text(_signal.SIGINT)}")

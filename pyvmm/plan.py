@@ -188,13 +188,17 @@ def _explain(config: VmConfig, plan: Plan, flavour: str) -> None:
             else ("--no-net-ring" if config.no_net_ring else "ABI version 1 or no ring driver")
         )
         log.info("net: hvt hypercalls, one exit per frame (%s)", why)
+    options = {opt.flag: opt for kind, _ in plan.devices for opt in kind.options}
     for kind, request in plan.devices:
         log.info(
             "device '%s' (handle %d): %s, %s",
             request.name,
             request.handle,
             kind.label,
-            ", ".join(f"--{flag}={value}" for flag, value in request.settings.items()),
+            " ".join(
+                options[flag].spelled(request.name, value)
+                for flag, value in request.settings.items()
+            ),
         )
 
 

@@ -28,7 +28,7 @@ def describe(path: str, *, legacy: bool = True) -> dict:
         device = {"name": entry.name, "type": entry.type.solo5_name}
         if kind is not None:
             opt = attaching_option(kind)
-            device["option"] = f"--{opt.flag}:{entry.name}={opt.metavar}"
+            device["option"] = opt.spelled(entry.name, opt.metavar)
         devices.append(device)
     return {
         "type": "solo5.manifest",

@@ -226,7 +226,8 @@ def test_the_launcher_names_an_interpreter_it_cannot_start(tmp_path):
     )
     assert result.returncode == 1
     assert result.stderr == (
-        f"pyvmm: cannot start the interpreter {missing}: No such file or directory\n"
+        f"pyvmm: cannot start the interpreter {missing}: No such file or directory "
+        "(PYVMM_PYTHON names another)\n"
     )
     chosen = subprocess.run(
         [str(LAUNCHER), "--help"],
@@ -236,6 +237,42 @@ def test_the_launcher_names_an_interpreter_it_cannot_start(tmp_path):
         timeout=30,
     )
     assert chosen.returncode == 0 and chosen.stdout.startswith("usage: pyvmm"), chosen.stderr
+
+
+def _as_nobody(*argv: str) -> subprocess.CompletedProcess:
+    """cli.main(argv) in a process that became nobody (uid and gid 65534, no
+    groups) after importing what --version needs: the interpreter's own
+    files may be unreadable to nobody, /dev/kvm must be."""
+    code = (
+        "import os, sys, grp, pwd, textwrap\n"
+        "from pyvmm import cli, host, kvm, errors\n"
+        "import pyvmm.kvm.access\n"
+        "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
+        f"sys.exit(cli.main({list(argv)!r}))\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="becomes nobody: needs root")
+def test_version_where_kvm_cannot_be_opened_says_why_with_status_1():
+    from pyvmm import __version__
+    from pyvmm.kvm import access
+
+    st = os.stat("/dev/kvm")
+    if st.st_mode & 0o006 == 0o006:
+        pytest.skip("/dev/kvm is open to everyone here")
+    result = _as_nobody("--version")
+    assert result.returncode == 1, result
+    assert result.stdout == f"pyvmm {__version__} (Solo5 hvt ABI 2)\n"
+    advice = access.advice("/dev/kvm", groups=[65534], user="nobody")
+    assert result.stderr == (
+        "pyvmm: no host facts: KVM cannot be used by this process (nor can guests run): "
+        f"Could not open: /dev/kvm: no permission: {advice}\n"
+    )
+    if st.st_gid == 0 or not st.st_mode & 0o060:
+        assert "join group" not in advice and "run as root" in advice, advice
 
 
 # -- option syntax ---------------------------------------------------------------
@@ -282,10 +319,57 @@ def MEAN(name: str) -> str:
         (["--nett:a=b", "k.hvt"], f"pyvmm: Invalid option: `--nett:a=b' {MEAN('--net:NAME')}"),
         (["--frobnicate", "k.hvt"], "pyvmm: Invalid option: `--frobnicate' (see pyvmm --help)"),
         (["--no-net-ring=1", "k.hvt"], f"pyvmm: --no-net-ring takes no value (given: {NR})"),
+        (["--verbos", "k.hvt"], f"pyvmm: Invalid option: `--verbos' {MEAN('--verbose')}"),
     ],
 )
 def test_option_syntax_errors(args, line):
     assert one_line(run_pyvmm(*args)) == line
+
+
+def test_verbose_is_the_long_form_of_v():
+    from pyvmm.cli import parse_command
+
+    assert parse_command(["--verbose", "k.hvt"]).log_level == "info"
+    assert one_line(run_pyvmm("--verbose", "-v", "k.hvt")) == (
+        "pyvmm: --verbose and -v both set the log level: give one of them"
+    )
+
+
+MISSING = "Could not open: No such file or directory"
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["--stats", "1s", "k.hvt"], f"pyvmm: 1s: {MISSING} (did you mean --stats=1s?)"),
+        (["--stats", "500ms"], f"pyvmm: 500ms: {MISSING} (did you mean --stats=500ms?)"),
+        (
+            ["--trace", "/nonexistent/t.json", "k.hvt"],
+            f"pyvmm: /nonexistent/t.json: {MISSING} (did you mean --trace=/nonexistent/t.json?)",
+        ),
+        # Not an interval: no hint; the value given with '=': no hint.
+        (["--stats", "k.hvt"], f"pyvmm: k.hvt: {MISSING}"),
+        (["--stats=1s", "k.hvt"], f"pyvmm: k.hvt: {MISSING}"),
+        (["--stats", "--mem=8", "1s"], f"pyvmm: 1s: {MISSING}"),
+    ],
+)
+def test_an_optional_value_as_the_next_word_gets_a_hint(args, line):
+    """--stats[=INTERVAL] takes its value only with '=' (the next word is
+    KERNEL); when that word fails as a kernel and looks like the value,
+    the line says how to write it (--trace's own timeline follows it)."""
+    result = run_pyvmm(*args)
+    assert result.returncode == 1, result
+    assert result.stderr.splitlines()[0] == line
+
+
+def test_an_optional_value_hint_also_when_the_word_is_a_file_but_no_kernel(tmp_path):
+    trace = tmp_path / "t.json"
+    trace.write_text("{}")
+    result = run_pyvmm("--trace", trace, guest("hello"))
+    assert result.returncode == 1, result
+    assert result.stderr.splitlines()[0] == (
+        f"pyvmm: {trace}: not an ELF file (did you mean --trace={trace}?)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -468,6 +552,23 @@ def test_debug_dumps_registers_on_a_fault():
     assert len(plain.stderr.splitlines()) == 1
 
 
+@pytest.mark.kvm
+def test_verbose_names_devices_in_the_syntax_the_command_takes(disk):
+    """-v's device line is options one can paste: parsed again they give
+    the same device settings."""
+    from pyvmm.cli import parse_command
+
+    given = [f"--block:storage={disk}", "--block-sector-size:storage=4096", "--no-lock"]
+    result = run_pyvmm("-v", *given, guest("blocktest"))
+    assert result.returncode == 0, result.stderr
+    line = next(x for x in result.stderr.splitlines() if x.startswith("pyvmm: device 'storage'"))
+    shown = line.split(": block, ", 1)[1].split(" ")
+    assert shown == given, line
+    assert parse_command([*shown, "k.hvt"]).config.devices == (
+        parse_command([*given, "k.hvt"]).config.devices
+    )
+
+
 def test_bad_log_level():
     line = one_line(run_pyvmm("--log-level=loud", "k.hvt"))
     assert line == "pyvmm: --log-level: 'loud' is not one of error, warning, info, debug"
@@ -498,6 +599,23 @@ def test_query_manifest_json_is_solo5_elftools_object_plus_pyvmms_facts():
     assert set(facts["capabilities"]) == {"user_mode", "shmstream"}
 
 
+@pytest.mark.parametrize(
+    "option",
+    ["--mem=64", "--cpl=3", "--block:storage=disk.img", "--net=tap100", "--no-lock", "--stats"],
+)
+def test_query_manifest_refuses_options_it_would_ignore(option):
+    assert one_line(run_pyvmm("--query-manifest", option, guest("ping"))) == (
+        f"pyvmm: {option} has no effect with --query-manifest (it reads KERNEL's notes and "
+        "runs nothing): leave it out"
+    )
+
+
+@pytest.mark.parametrize("options", [["-v"], ["-q"], ["--json"], ["--log-level=debug"]])
+def test_query_manifest_takes_json_and_the_log_levels(options):
+    result = run_pyvmm("--query-manifest", *options, guest("ping"))
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
 def test_query_manifest_takes_only_the_kernel():
     line = one_line(run_pyvmm("--query-manifest", guest("ping"), "--json"))
     assert line.startswith("pyvmm: --query-manifest takes only KERNEL"), line
@@ -516,15 +634,41 @@ def test_help_lists_every_option_of_the_table_exit_statuses_and_environment():
 
     text = run_pyvmm("--help").stdout
     assert text == cli.usage()
+    flat = " ".join(text.split())  # long lines are wrapped
     for entry in cli.help_entries():
         assert re.search(rf"^  {re.escape(entry.form)}( |$)", text, re.M), entry.form
-        for line in entry.help.split("\n"):
-            assert line in text, line
+        assert f"{entry.form} {' '.join(entry.help.split())}" in flat, entry.form
     for status, meaning in cli.EXIT_STATUSES:
-        assert re.search(rf"^  {re.escape(status)} +{re.escape(meaning)}$", text, re.M)
+        assert re.search(rf"^  {re.escape(status)} ", text, re.M), status
+        assert f"{status} {' '.join(meaning.split())}" in flat, status
     for name, meaning in cli.ENVIRONMENT:
-        assert re.search(rf"^  {re.escape(name)} +{re.escape(meaning)}$", text, re.M)
+        assert re.search(rf"^  {re.escape(name)} ", text, re.M), name
+        assert f"{name} {' '.join(meaning.split())}" in flat, name
     assert run_pyvmm("-h").stdout == text
+
+
+def test_help_fits_80_columns():
+    text = run_pyvmm("--help").stdout
+    wide = [line for line in text.splitlines() if len(line) > 80]
+    assert wide == [], wide
+
+
+def test_help_lists_every_environment_variable_pyvmm_reads():
+    """Every PYVMM_* name in quotes in pyvmm's source and the launcher is a
+    variable users may set, and --help names it (pyvmm-oci's own are in
+    its help; names that are module attributes are not variables)."""
+    import pyvmm.loader
+    from pyvmm import cli
+
+    sources = [p for p in (ROOT / "pyvmm").rglob("*.py") if "oci" not in p.parts]
+    sources.append(ROOT / "csrc" / "launcher.c")
+    read = set()
+    for path in sources:
+        read |= set(re.findall(r"[\"'](PYVMM_[A-Z_]+)[\"']", path.read_text()))
+    read = {name for name in read if not hasattr(pyvmm.loader, name)}
+    listed = {name.split("=")[0] for name, _ in cli.ENVIRONMENT}
+    assert "PYVMM_SANDBOX_SELFTEST" in read
+    assert read <= listed, read - listed
 
 
 def test_man_page_and_completion_are_generated_from_the_table():
@@ -559,9 +703,69 @@ def test_bash_completion_completes_options_and_values():
         return done.stdout.split()
 
     assert "--mem=" in complete("--me")
-    assert set(complete("--shm=")) == {"off", "poll", "event", "hybrid"}
+    assert set(complete("--shm=")) == {"--shm=off", "--shm=poll", "--shm=event", "--shm=hybrid"}
     assert "--query-manifest" in complete("--que")
     assert "--net:" in complete("--ne")
+
+
+def _complete(line: str, words: list[str]) -> list[str]:
+    """What the completion function replies for ``line`` (the cursor at its
+    end) with bash's own split of it into ``words`` (COMP_WORDBREAKS)."""
+    script = ROOT / "scripts" / "pyvmm-completion.bash"
+    probe = (
+        f"source {script}; COMP_WORDS=({' '.join(repr(w) for w in words)}); "
+        f"COMP_CWORD={len(words) - 1}; COMP_LINE={line!r}; COMP_POINT={len(line)}; "
+        "_pyvmm; printf '%s\\n' \"${COMPREPLY[@]}\""
+    )
+    done = subprocess.run(
+        ["bash", "-c", probe], capture_output=True, text=True, timeout=30, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def test_bash_completion_offers_the_forms_users_type():
+    """--stats alone and --stats=, --mem= and --mem (its value the next word)."""
+    assert set(_complete("pyvmm --st", ["pyvmm", "--st"])) == {
+        "--stats",
+        "--stats=",
+        "--stats-json",
+        "--stats-json=",
+    }
+    assert set(_complete("pyvmm --me", ["pyvmm", "--me"])) == {"--mem", "--mem="}
+    assert "--verbose" in _complete("pyvmm --verb", ["pyvmm", "--verb"])
+
+
+def test_bash_completion_with_bashs_own_word_breaks():
+    """bash splits --shm=po at '=' (COMP_WORDBREAKS) and replaces only 'po'."""
+    assert _complete("pyvmm --shm=po", ["pyvmm", "--shm", "=", "po"]) == ["poll"]
+    assert set(_complete("pyvmm --shm=", ["pyvmm", "--shm", "="])) == {
+        "off",
+        "poll",
+        "event",
+        "hybrid",
+    }
+    readme = _complete(
+        "pyvmm --block:storage=READ", ["pyvmm", "--block", ":", "storage", "=", "READ"]
+    )
+    assert readme == ["README.md"]
+
+
+def test_bash_completion_of_a_value_as_the_next_word():
+    assert set(_complete("pyvmm --cpl ", ["pyvmm", "--cpl", ""])) == {
+        "auto",
+        "0",
+        "3",
+        "deprivileged",
+    }
+    assert _complete(
+        "pyvmm --block:storage READ", ["pyvmm", "--block", ":", "storage", "READ"]
+    ) == ["README.md"]
+    # --mem's value is skipped: --cp is still an option; after --stats
+    # (no separate value) the next word is KERNEL: files.
+    assert "--cpl" in _complete("pyvmm --mem 64 --cp", ["pyvmm", "--mem", "64", "--cp"])
+    assert _complete("pyvmm --stats READ", ["pyvmm", "--stats", "READ"]) == ["README.md"]
+    assert _complete("pyvmm k.hvt --cp", ["pyvmm", "k.hvt", "--cp"]) == []
 
 
 def test_readme_lists_every_option():

@@ -53,6 +53,13 @@ class Option:
     def takes_value(self) -> bool:
         return bool(self.metavar)
 
+    def spelled(self, name: str | None, value: Any = None) -> str:
+        """This option as the command line takes it: ``--net:service0=tap100``
+        for a device NAME, ``--net=tap100`` without one, ``--no-lock`` for
+        a flag (--query-manifest's hints and -v say it so)."""
+        head = f"--{self.flag}:{name}" if self.named and name is not None else f"--{self.flag}"
+        return f"{head}={value}" if self.takes_value else head
+
 
 @dataclass(frozen=True)
 class Request:

@@ -53,9 +53,9 @@ class System(OwnedFd):
                 "(enable virtualisation or load kvm_intel, kvm_amd or kvm_pvm)"
             ) from None
         except PermissionError:
-            raise HostError(
-                f"Could not open: {path}: no permission: run as root or join the group that owns it"
-            ) from None
+            from pyvmm.kvm.access import advice
+
+            raise HostError(f"Could not open: {path}: no permission: {advice(path)}") from None
         except OSError as err:
             raise HostError(f"Could not open: {path}: {err.strerror}") from None
         try:
