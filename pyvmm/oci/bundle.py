@@ -21,10 +21,15 @@ the unikernel (an image's entrypoint), so ``ctr run IMAGE ID 7 x`` and a
 Kubernetes ``args:`` both become the guest's ``7 x``. With networking, the
 annotation ``org.pyvmm.unikernel.net-args`` is a template (``{ip}``,
 ``{prefix}``, ``{cidr}``, ``{netmask}``, ``{gateway}``, ``{mac}``,
-``{mtu}``, ``{ifname}``) whose words go before them.
-``linux.resources.memory.limit`` becomes ``--mem`` (MiB, rounded down).
-``org.pyvmm.unikernel.block.NAME`` = a path in the container attaches block
-device NAME to that file (a bind mount's source, or the rootfs's file).
+``{mtu}``, ``{ifname}``, plain names only: pyvmm.oci.netargs) whose words
+go before them. ``linux.resources.memory.limit`` becomes ``--mem`` (MiB,
+rounded down). ``org.pyvmm.unikernel.block.NAME`` = a path in the
+container attaches the unikernel's block device NAME to that file: the
+source of a bind mount with that destination (the operator's choice, which
+may be a host block device), else a regular file of the rootfs.
+
+Every path the image names is resolved inside the rootfs and opened here
+(pyvmm.oci.rootfs); pyvmm gets the descriptors, never the image's paths.
 """
 
 from __future__ import annotations
@@ -33,8 +38,11 @@ import base64
 import binascii
 import json
 import os
-import shlex
+import stat
 from dataclasses import dataclass, field
+
+from pyvmm.oci import netargs, rootfs
+from pyvmm.oci.rootfs import NotInRootfs
 
 PREFIX = "org.pyvmm.unikernel."
 BINARY = PREFIX + "binary"
@@ -45,171 +53,341 @@ URUNC_BINARY = "com.urunc.unikernel.binary"
 URUNC_HYPERVISOR = "com.urunc.unikernel.hypervisor"
 METADATA = "pyvmm-oci.json"
 URUNC_METADATA = "urunc.json"
+METADATA_MAX = 64 * 1024  # bytes of /pyvmm-oci.json or /urunc.json
 DEFAULT_PATH = "/unikernel/kernel.hvt"
 TYPES = ("hvt", "solo5-hvt", "solo5")
+SHOWN = 200  # characters of an image's string quoted in a message
+BIND = ("bind", "rbind")
 
 
 class BundleError(Exception):
     """A bundle pyvmm-oci cannot run (one line for the user)."""
 
 
+def shown(text: str) -> str:
+    """An image's string as a message may quote it: one line, not long."""
+    if len(text) <= SHOWN and text.isprintable():
+        return text
+    cut = text[:SHOWN]
+    return repr(cut)[1:-1] + ("..." if len(text) > SHOWN else "")
+
+
+@dataclass
+class Attached:
+    """A block device's file, open read-write, and what it is for messages."""
+
+    fd: int
+    where: str
+
+
 @dataclass
 class Unikernel:
-    """What create needs from the bundle."""
+    """What create needs from the bundle; owns the descriptors it holds."""
 
-    path: str  # on the host
+    inner: str  # the unikernel's path in the container
+    fd: int  # the unikernel, open for reading
     args: list[str]
     devices: list[dict]  # the manifest's, as pyvmm --query-manifest --json
     annotations: dict[str, str]
     mem_mib: int | None = None
-    blocks: dict[str, str] = field(default_factory=dict)
+    blocks: dict[str, Attached] = field(default_factory=dict)
+    net_template: netargs.Pieces | None = None
     netns: str | None = None  # the path to join
     new_netns: bool = False  # a network namespace without a path: a new one
+
+    @property
+    def path(self) -> str:
+        """The unikernel as pyvmm opens it: this process's descriptor, which
+        the container's process inherits under the same number."""
+        return f"/proc/self/fd/{self.fd}"
 
     @property
     def net_devices(self) -> list[str]:
         return [d["name"] for d in self.devices if d["type"] == "NET_BASIC"]
 
+    @property
+    def block_devices(self) -> list[str]:
+        return [d["name"] for d in self.devices if d["type"] == "BLOCK_BASIC"]
+
+    def fds(self) -> list[int]:
+        """Every descriptor pyvmm gets (they must survive its exec)."""
+        return [fd for fd in (self.fd, *(b.fd for b in self.blocks.values())) if fd >= 0]
+
+    def close(self) -> None:
+        for fd in self.fds():
+            os.close(fd)
+        self.fd = -1
+        for block in self.blocks.values():
+            block.fd = -1
+
+    def __enter__(self) -> Unikernel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _json(data: bytes | str, what: str) -> object:
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise BundleError(f"{what} is nested too deeply") from None
+    except ValueError as err:  # also UnicodeDecodeError
+        raise BundleError(f"{what} is not valid JSON: {shown(str(err))}") from None
+
 
 def load_config(bundle: str) -> dict:
     path = os.path.join(bundle, "config.json")
     try:
-        with open(path) as f:
-            config = json.load(f)
+        with open(path, "rb") as f:
+            config = _json(f.read(), path)
     except OSError as err:
         raise BundleError(f"cannot read {path}: {err.strerror}") from err
-    except ValueError as err:
-        raise BundleError(f"{path} is not valid JSON: {err}") from err
     if not isinstance(config, dict):
         raise BundleError(f"{path} is not a JSON object")
     return config
 
 
+def _object(parent: dict, key: str, what: str) -> dict:
+    value = parent.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BundleError(f"config.json: {what} is not an object")
+    return value
+
+
+def _list(parent: dict, key: str, what: str) -> list:
+    value = parent.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise BundleError(f"config.json: {what} is not a list")
+    return value
+
+
+def _strings(value: object, what: str) -> dict[str, str]:
+    """A JSON object whose values are all strings (an annotation map)."""
+    if not isinstance(value, dict):
+        raise BundleError(f"{what} is not a JSON object")
+    for key, item in value.items():
+        if not isinstance(item, str):
+            raise BundleError(f"{what}: the value of {shown(key)} is not a string")
+    return value
+
+
 def rootfs_of(bundle: str, config: dict) -> str:
-    root = (config.get("root") or {}).get("path") or "rootfs"
+    root = _object(config, "root", "root").get("path") or "rootfs"
+    if not isinstance(root, str):
+        raise BundleError("config.json: root.path is not a string")
     return root if os.path.isabs(root) else os.path.join(bundle, root)
 
 
-def in_rootfs(rootfs: str, path: str) -> str:
-    """``path`` inside the container as a host path (no escape by ``..``)."""
-    return os.path.join(rootfs, os.path.normpath("/" + path).lstrip("/"))
-
-
-def _metadata(rootfs: str) -> dict[str, str]:
+def _metadata(root_fd: int) -> dict[str, str]:
+    """The image's own annotations: /urunc.json (base64 values), then
+    /pyvmm-oci.json over them."""
     found: dict[str, str] = {}
-    path = in_rootfs(rootfs, URUNC_METADATA)
-    if os.path.isfile(path):
+    for name in (URUNC_METADATA, METADATA):
+        what = f"/{name} in the image"
         try:
-            with open(path) as f:
-                for key, value in json.load(f).items():
-                    try:
-                        found[key] = base64.b64decode(value, validate=True).decode()
-                    except (binascii.Error, ValueError):
-                        found[key] = str(value)
-        except (OSError, ValueError, AttributeError) as err:
-            raise BundleError(f"/{URUNC_METADATA} in the image is unreadable: {err}") from err
-    path = in_rootfs(rootfs, METADATA)
-    if os.path.isfile(path):
-        try:
-            with open(path) as f:
-                found.update({k: str(v) for k, v in json.load(f).items()})
-        except (OSError, ValueError, AttributeError) as err:
-            raise BundleError(f"/{METADATA} in the image is unreadable: {err}") from err
+            data = rootfs.read_file(root_fd, name, METADATA_MAX)
+        except NotInRootfs as err:
+            raise BundleError(f"{what} {err}") from None
+        if data is None:
+            continue
+        notes = _strings(_json(data, what), what)
+        if name == URUNC_METADATA:
+            notes = {key: _base64(value) for key, value in notes.items()}
+        found.update(notes)
     return found
 
 
-def _unikernel_path(annotations: dict[str, str], args: list[str]) -> tuple[str | None, str]:
+def _base64(value: str) -> str:
+    try:
+        return base64.b64decode(value, validate=True).decode()
+    except (binascii.Error, ValueError):
+        return value
+
+
+def _unikernel_path(annotations: dict[str, str]) -> tuple[str | None, str]:
     """The path in the container and where it came from."""
     if annotations.get(BINARY):
         kind = annotations.get(TYPE, "hvt")
         if kind not in TYPES:
-            raise BundleError(f"{TYPE}={kind!r}: pyvmm runs Solo5 hvt unikernels only")
+            raise BundleError(f"{TYPE}={shown(kind)!r}: pyvmm runs Solo5 hvt unikernels only")
         return annotations[BINARY], BINARY
     if annotations.get(URUNC_BINARY):
         hypervisor = annotations.get(URUNC_HYPERVISOR, "hvt")
         if hypervisor not in TYPES:
             raise BundleError(
-                f"{URUNC_HYPERVISOR}={hypervisor!r}: pyvmm stands in for solo5-hvt (hvt) only"
+                f"{URUNC_HYPERVISOR}={shown(hypervisor)!r}: pyvmm stands in for solo5-hvt "
+                "(hvt) only"
             )
         return annotations[URUNC_BINARY], URUNC_BINARY
     return None, ""
 
 
-def _block_source(config: dict, rootfs: str, path: str) -> str:
-    for mount in config.get("mounts") or []:
-        if os.path.normpath(mount.get("destination", "")) == os.path.normpath(path):
-            if mount.get("source"):
-                return mount["source"]
-    return in_rootfs(rootfs, path)
+def _open_kernel(root_fd: int, annotations: dict[str, str], args: list[str]) -> tuple[int, str]:
+    """The unikernel open for reading, and its path in the container."""
+    inner, source = _unikernel_path(annotations)
+    if inner is not None:
+        try:
+            return rootfs.open_file(root_fd, inner), inner
+        except NotInRootfs as err:
+            raise BundleError(
+                f"not a unikernel image: {shown(inner)} (from {source}) {err}"
+            ) from None
+    for candidate in [*args[:1], DEFAULT_PATH]:
+        try:
+            return rootfs.open_file(root_fd, candidate), candidate
+        except NotInRootfs:
+            continue
+    what = f"process.args[0] {shown(args[0])!r}" if args else "process.args"
+    raise BundleError(
+        f"not a unikernel image: no {BINARY} annotation, no /{METADATA}, "
+        f"{what} is not a file in the rootfs and there is no {DEFAULT_PATH}"
+    )
+
+
+def _same_path(a: str, b: str) -> bool:
+    return os.path.normpath("/" + a) == os.path.normpath("/" + b)
+
+
+def _open_mount_source(bundle: str, mount: dict, key: str) -> Attached:
+    """A bind mount's source: a host path the operator chose (a file or a
+    host block device), opened read-write without a window for a swap."""
+    source, kind = mount.get("source"), mount.get("type")
+    options = mount.get("options") or []
+    if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
+        raise BundleError(f"{key}: the mount's options are not a list of strings")
+    if (
+        not isinstance(source, str)
+        or not source
+        or (kind not in BIND and not set(options) & set(BIND))
+    ):
+        raise BundleError(f"{key}: the mount at that path is not a bind mount of a file")
+    if "ro" in options:
+        raise BundleError(
+            f"{key}: the mount at that path is read-only (pyvmm attaches block devices read-write)"
+        )
+    host = source if os.path.isabs(source) else os.path.join(bundle, source)
+    try:
+        path_fd = os.open(host, os.O_PATH | os.O_CLOEXEC)
+    except OSError as err:
+        raise BundleError(
+            f"{key}: cannot open the mount's source {shown(host)}: {err.strerror}"
+        ) from None
+    try:
+        mode = os.fstat(path_fd).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISBLK(mode)):
+            raise BundleError(
+                f"{key}: the mount's source {shown(host)} is not a regular file or block device"
+            )
+        try:
+            fd = rootfs.reopen(path_fd, os.O_RDWR)
+        except OSError as err:
+            raise BundleError(f"{key}: cannot open {shown(host)}: {err.strerror}") from None
+    finally:
+        os.close(path_fd)
+    return Attached(fd, f"{host} (bind-mounted at {mount.get('destination')})")
+
+
+def _open_block(bundle: str, config: dict, root_fd: int, key: str, path: str) -> Attached:
+    for mount in _list(config, "mounts", "mounts"):
+        if isinstance(mount, dict) and isinstance(mount.get("destination"), str):
+            if _same_path(mount["destination"], path):
+                return _open_mount_source(bundle, mount, key)
+    try:
+        return Attached(rootfs.open_file(root_fd, path, write=True), f"{path} in the rootfs")
+    except NotInRootfs as err:
+        raise BundleError(f"{key}={shown(path)}: {shown(path)} {err}") from None
+
+
+def _memory(config: dict) -> int | None:
+    linux = _object(config, "linux", "linux")
+    limit = _object(_object(linux, "resources", "linux.resources"), "memory", "memory").get("limit")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+        return None
+    if limit >> 20 < 2:
+        raise BundleError(f"memory limit {limit} bytes is below pyvmm's 2 MiB minimum")
+    return limit >> 20
 
 
 def read_bundle(bundle: str, config: dict | None = None) -> Unikernel:
-    """Find and check the unikernel, map args, memory, namespaces."""
+    """Find, open and check the unikernel and its block files; map args,
+    memory, namespaces. The caller owns the result's descriptors."""
+    config = load_config(bundle) if config is None else config
+    process = _object(config, "process", "process")
+    args = [str(a) for a in _list(process, "args", "process.args")]
+    try:
+        root_fd = rootfs.open_root(rootfs_of(bundle, config))
+    except OSError as err:
+        raise BundleError(f"cannot open the rootfs: {err.strerror}") from None
+    try:
+        annotations = {
+            **_metadata(root_fd),
+            **_strings(_object(config, "annotations", "annotations"), "config.json annotations"),
+        }
+        fd, inner = _open_kernel(root_fd, annotations, args)
+        result = Unikernel(inner=inner, fd=fd, args=args, devices=[], annotations=annotations)
+        try:
+            _fill(result, bundle, config, root_fd)
+        except BaseException:
+            result.close()
+            raise
+    finally:
+        os.close(root_fd)
+    return result
+
+
+def _fill(result: Unikernel, bundle: str, config: dict, root_fd: int) -> None:
+    """Everything after the unikernel is open (which ``result`` holds)."""
     from pyvmm.errors import PyvmmError
     from pyvmm.query import describe
 
-    config = load_config(bundle) if config is None else config
-    rootfs = rootfs_of(bundle, config)
-    process = config.get("process") or {}
-    args = [str(a) for a in process.get("args") or []]
-    annotations = {**_metadata(rootfs), **(config.get("annotations") or {})}
-
-    inner, source = _unikernel_path(annotations, args)
-    if inner is None:
-        if args and os.path.isfile(in_rootfs(rootfs, args[0])):
-            inner, source = args[0], "process.args[0]"
-        elif os.path.isfile(in_rootfs(rootfs, DEFAULT_PATH)):
-            inner, source = DEFAULT_PATH, "the default path"
-        else:
-            what = f"process.args[0] {args[0]!r}" if args else "process.args"
-            raise BundleError(
-                f"not a unikernel image: no {BINARY} annotation, no /{METADATA}, "
-                f"{what} is not a file in the rootfs and there is no {DEFAULT_PATH}"
-            )
-    path = in_rootfs(rootfs, inner)
-    if not os.path.isfile(path):
-        raise BundleError(f"not a unikernel image: {inner} (from {source}) is not in the rootfs")
     try:
-        devices = describe(path)["devices"]
+        result.devices = describe(result.path)["devices"]
     except PyvmmError as err:
-        msg = str(err).replace(path, inner)
+        msg = str(err).replace(result.path, shown(result.inner))
         raise BundleError(f"not a unikernel image: {msg}") from err
-
-    if args and (
-        os.path.normpath("/" + args[0]) == os.path.normpath("/" + inner)
-        or args[0] == os.path.basename(inner)
-    ):
-        args = args[1:]
-
-    linux = config.get("linux") or {}
-    limit = ((linux.get("resources") or {}).get("memory") or {}).get("limit")
-    mem = None
-    if isinstance(limit, int) and limit > 0:
-        mem = limit >> 20
-        if mem < 2:
-            raise BundleError(f"memory limit {limit} bytes is below pyvmm's 2 MiB minimum")
-
-    result = Unikernel(path=path, args=args, devices=devices, annotations=annotations, mem_mib=mem)
-    for ns in linux.get("namespaces") or []:
-        if ns.get("type") == "network":
-            if ns.get("path"):
+    args, inner = result.args, result.inner
+    if args and (_same_path(args[0], inner) or args[0] == os.path.basename(inner)):
+        result.args = args[1:]
+    result.mem_mib = _memory(config)
+    for ns in _list(_object(config, "linux", "linux"), "namespaces", "linux.namespaces"):
+        if isinstance(ns, dict) and ns.get("type") == "network":
+            if isinstance(ns.get("path"), str) and ns["path"]:
                 result.netns = ns["path"]
             else:
                 result.new_netns = True
-    for key, value in annotations.items():
-        if key.startswith(BLOCK):
-            result.blocks[key[len(BLOCK) :]] = _block_source(config, rootfs, value)
+    template = result.annotations.get(NET_ARGS)
+    if template:
+        try:
+            result.net_template = netargs.parse(template)
+        except netargs.TemplateError as err:
+            raise BundleError(f"{NET_ARGS}: bad template: {err}") from None
+    declared = result.block_devices
+    for key, value in sorted(result.annotations.items()):
+        if not key.startswith(BLOCK):
+            continue
+        name = key[len(BLOCK) :]
+        if name not in declared:
+            listed = ", ".join(declared) or "none"
+            raise BundleError(
+                f"{shown(key)}: the unikernel declares no block device {shown(name)!r} "
+                f"(its block devices: {listed})"
+            )
+        result.blocks[name] = _open_block(bundle, config, root_fd, shown(key), value)
     if result.net_devices and result.netns is None:
         raise BundleError(
             f"the unikernel declares net device {result.net_devices[0]} but the container "
             "has no network namespace to join (give it one set up by CNI)"
         )
-    return result
 
 
 def net_args(template: str, values: dict[str, str]) -> list[str]:
     """The template's words with the interface's values filled in."""
     try:
-        return shlex.split(template.format(**values))
-    except (KeyError, IndexError, ValueError) as err:
-        raise BundleError(f"{NET_ARGS}={template!r}: bad template ({err})") from err
+        return netargs.fill(netargs.parse(template), values)
+    except netargs.TemplateError as err:
+        raise BundleError(f"{NET_ARGS}: bad template: {err}") from None

@@ -1,7 +1,9 @@
 """Pack a Solo5 hvt unikernel into an OCI image archive.
 
-    python3 -m pyvmm.oci.image [--name REF] [--net-args TEMPLATE]
+    pyvmm-oci pack [--name REF] [--net-args TEMPLATE]
         [--annotation KEY=VALUE]... -o OUT.tar KERNEL [ARG...]
+
+(also ``python3 -m pyvmm.oci.image``)
 
 The archive is an OCI image layout in a tar (``oci-layout``,
 ``index.json``, ``blobs/sha256/...``) holding one manifest, its config and
@@ -25,7 +27,9 @@ import json
 import os
 import sys
 import tarfile
+from collections.abc import Sequence
 
+from pyvmm.oci import netargs
 from pyvmm.oci.bundle import BINARY, METADATA, NET_ARGS, TYPE
 
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -65,11 +69,17 @@ def build(
     args: list[str] | None = None,
     net_args: str | None = None,
     annotations: dict[str, str] | None = None,
+    members: Sequence[tuple[tarfile.TarInfo, bytes]] = (),
 ) -> str:
-    """Write the archive; return the image reference it carries."""
+    """Write the archive; return the image reference it carries.
+
+    ``members``: more entries for the layer (a disk image for a block
+    annotation; the tests' links and device nodes)."""
     from pyvmm.query import describe
 
     describe(kernel)  # a Solo5 hvt unikernel, or a LoaderError
+    if net_args:
+        netargs.parse(net_args)  # what pyvmm-oci would refuse, refused now
     base = os.path.basename(kernel)
     short = base[:-4] if base.endswith(".hvt") else base
     ref = name or f"docker.io/pyvmm/{short}:latest"
@@ -85,6 +95,8 @@ def build(
         with open(kernel, "rb") as f:
             _add(layer, inner.lstrip("/"), f.read(), 0o755)
         _add(layer, METADATA, _json(notes))
+        for info, data in members:
+            layer.addfile(info, io.BytesIO(data) if info.isfile() else None)
     layer_data = layer_buf.getvalue()
     layer_desc = _descriptor(LAYER, layer_data)
 
@@ -93,7 +105,7 @@ def build(
         "os": "linux",
         "config": {"Entrypoint": [inner], "Cmd": list(args or []), "Labels": notes},
         "rootfs": {"type": "layers", "diff_ids": [layer_desc["digest"]]},
-        "history": [{"created_by": "python3 -m pyvmm.oci.image"}],
+        "history": [{"created_by": "pyvmm-oci pack"}],
     }
     config_data = _json(config)
     manifest = {
@@ -127,17 +139,22 @@ def build(
     return ref
 
 
+PROG = "pyvmm-oci pack"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python3 -m pyvmm.oci.image",
+        prog=PROG,
         description="Pack a Solo5 hvt unikernel into an OCI image archive (ctr image import).",
     )
-    p.add_argument("kernel")
-    p.add_argument("args", nargs="*", help="the guest's default arguments (the image's cmd)")
-    p.add_argument("-o", "--output", required=True, help="the archive to write")
-    p.add_argument("--name", help="image reference (default docker.io/pyvmm/NAME:latest)")
-    p.add_argument("--net-args", help="guest arguments template for networking, e.g. '{ip}'")
-    p.add_argument("--annotation", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("kernel", metavar="KERNEL", help="the Solo5 hvt unikernel")
+    p.add_argument("args", nargs="*", metavar="ARG", help="the guest's default arguments")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.tar", help="archive to write")
+    p.add_argument("--name", metavar="REF", help="default: docker.io/pyvmm/NAME:latest")
+    p.add_argument("--net-args", metavar="TEMPLATE", help="guest network arguments, e.g. '{ip}'")
+    p.add_argument(
+        "--annotation", action="append", default=[], metavar="KEY=VALUE", help="one more"
+    )
     opts = p.parse_intermixed_args(argv)
     extra = {}
     for item in opts.annotation:
@@ -157,7 +174,10 @@ def main(argv: list[str] | None = None) -> int:
             annotations=extra,
         )
     except (PyvmmError, OSError) as err:
-        print(f"pyvmm.oci.image: {err}", file=sys.stderr)
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 1
+    except netargs.TemplateError as err:
+        print(f"{PROG}: --net-args: {err}", file=sys.stderr)
         return 1
     print(ref)
     return 0

@@ -10,6 +10,7 @@
     delete [--force] ID
     ps [--format json] ID
     features, --version
+    pack ...        (pyvmm.oci.image: a unikernel into an OCI image archive)
 
 ``create`` forks the container's process, which is pyvmm: the child (the
 "init", whose pid goes to the pid file) sets up its namespaces and stdio
@@ -23,7 +24,10 @@ container's. ``state`` says ``created`` while the FIFO exists and the
 process lives, ``running`` after ``start``, ``stopped`` once it is gone.
 
 State lives in ``ROOT/ID/state.json`` (ROOT: ``--root``, default
-/run/pyvmm-oci). Errors are one line on stderr and, with ``--log``, a
+/run/pyvmm-oci), readable by root only (0600 in a 0700 directory, as every
+file pyvmm-oci writes); an ID is what runc accepts (letters, digits and
+``_+,-.``), not starting with a dot, so no command reaches ``ROOT/.runc``,
+where runc keeps the pod sandboxes. Errors are one line on stderr and, with ``--log``, a
 ``{"level": "error", "msg": ...}`` line in the log, where the shim looks
 for the reason of a failed command. ``PYVMM_OCI_TRACE=FILE`` appends every
 invocation's argv to FILE.
@@ -36,6 +40,7 @@ import array
 import contextlib
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -44,24 +49,74 @@ import sys
 import time
 from datetime import UTC, datetime
 
+from pyvmm import __version__
+from pyvmm.oci import netargs
 from pyvmm.oci.bundle import (
     NET_ARGS,
     BundleError,
     Unikernel,
     load_config,
-    net_args,
     read_bundle,
     rootfs_of,
 )
 
+PROG = "pyvmm-oci"
 DEFAULT_ROOT = "/run/pyvmm-oci"
-VERSION = "1.1.0"  # the runc command-line level this follows
 OCI_VERSION = "1.0.2"
 START_TIMEOUT = 30.0
+#: runc's rule for an id (letters, digits, ``_+,-.``), and no leading dot:
+#: ``ROOT/.runc`` is where the pod sandboxes handed to runc keep their state.
+CONTAINER_ID = re.compile(r"[A-Za-z0-9_+,\-][A-Za-z0-9_+,.\-]*")
+ID_MAX = 255  # one directory name
+FILE_MODE = 0o600  # everything pyvmm-oci writes: state, pid file, logs
+DIR_MODE = 0o700
 
 
 class RuntimeError_(Exception):
     """Refused command (one line for the user)."""
+
+
+def check_id(cid: str) -> str:
+    """A container id runc would take, that names no hidden directory."""
+    if len(cid) > ID_MAX or not CONTAINER_ID.fullmatch(cid):
+        shown = cid if len(cid) <= 80 and cid.isprintable() else repr(cid[:80])[1:-1] + "..."
+        raise RuntimeError_(
+            f"invalid container id {shown!r}: letters, digits and _+,-. only, "
+            f"not starting with a dot, at most {ID_MAX} characters"
+        )
+    return cid
+
+
+def open_private(path: str, flags: int) -> int:
+    """A file only root reads (0600), whatever the umask left it."""
+    fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    try:
+        os.fchmod(fd, FILE_MODE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def append_private(path: str, line: str) -> None:
+    fd = open_private(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def write_private(path: str, data: str) -> None:
+    """Replace ``path`` at once (a temporary file renamed over it)."""
+    tmp = path + ".tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = open_private(tmp, os.O_WRONLY | os.O_EXCL)
+    try:
+        os.write(fd, data.encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
 
 
 # -- logging -------------------------------------------------------------
@@ -79,8 +134,8 @@ class Log:
             line = json.dumps({"level": level, "msg": msg, "time": now})
         else:
             line = f'time="{now}" level={level} msg="{msg}"'
-        with contextlib.suppress(OSError), open(self.path, "a") as f:
-            f.write(line + "\n")
+        with contextlib.suppress(OSError):
+            append_private(self.path, line + "\n")
 
 
 # -- state ---------------------------------------------------------------
@@ -101,9 +156,7 @@ def _start_time(pid: int) -> str | None:
 
 class Container:
     def __init__(self, root: str, cid: str) -> None:
-        if not cid or "/" in cid or cid in (".", ".."):
-            raise RuntimeError_(f"invalid container id {cid!r}")
-        self.id = cid
+        self.id = check_id(cid)
         self.dir = os.path.join(root, cid)
         self.state_file = os.path.join(self.dir, "state.json")
         self.fifo = os.path.join(self.dir, "exec.fifo")
@@ -119,10 +172,7 @@ class Container:
             raise RuntimeError_(f"container {self.id} does not exist") from None
 
     def save(self, state: dict) -> None:
-        tmp = self.state_file + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(state, f)
-        os.replace(tmp, self.state_file)
+        write_private(self.state_file, json.dumps(state))
 
     def alive(self, state: dict) -> bool:
         pid = state.get("pid") or 0
@@ -167,14 +217,19 @@ def pyvmm_argv(kernel: Unikernel, tap: str | None, mac: str | None) -> list[str]
     if tap is not None:
         name = kernel.net_devices[0]
         argv += [f"--net:{name}={tap}", f"--net-mac:{name}={mac}"]
-    for name, path in sorted(kernel.blocks.items()):
-        argv.append(f"--block:{name}={path}")
+    for name, block in sorted(kernel.blocks.items()):
+        argv.append(f"--block:{name}=@{block.fd}")
     return [*argv, "--", kernel.path, *kernel.args]
 
 
-def _child(fifo: str, argv: list[str], console: int | None, new_netns: bool) -> None:
-    """The container's process until start: never returns."""
+def _child(
+    fifo: str, argv: list[str], console: int | None, new_netns: bool, fds: list[int]
+) -> None:
+    """The container's process until start: never returns. ``fds`` (the
+    unikernel and its block files) go through the exec to pyvmm."""
     try:
+        for fd in fds:
+            os.set_inheritable(fd, True)
         os.setsid()
         if console is not None:
             import fcntl
@@ -200,8 +255,6 @@ def _child(fifo: str, argv: list[str], console: int | None, new_netns: bool) -> 
 
 
 def create(root: str, args: argparse.Namespace) -> None:
-    from pyvmm.oci import network
-
     bundle = os.path.abspath(args.bundle)
     container = Container(root, args.id)
     if os.path.exists(container.dir):
@@ -211,7 +264,16 @@ def create(root: str, args: argparse.Namespace) -> None:
         kernel = read_bundle(bundle, config)
     except BundleError as err:
         raise RuntimeError_(str(err)) from err
-    os.makedirs(container.dir, mode=0o711)
+    with kernel:  # this process's copies of the descriptors: pyvmm has its own
+        _create(container, bundle, config, kernel, args)
+
+
+def _create(
+    container: Container, bundle: str, config: dict, kernel: Unikernel, args: argparse.Namespace
+) -> None:
+    from pyvmm.oci import network
+
+    os.mkdir(container.dir, DIR_MODE)
     state: dict = {
         "id": args.id,
         "pid": 0,
@@ -234,9 +296,12 @@ def create(root: str, args: argparse.Namespace) -> None:
             state["link"] = link.__dict__
             container.save(state)
             tap, mac = link.tap, link.mac
-            template = kernel.annotations.get(NET_ARGS)
-            if template:
-                kernel.args = net_args(template, link.values()) + kernel.args
+            if kernel.net_template is not None:
+                try:
+                    words = netargs.fill(kernel.net_template, link.values())
+                except netargs.TemplateError as err:
+                    raise RuntimeError_(f"{NET_ARGS}: bad template: {err}") from None
+                kernel.args = words + kernel.args
         argv = pyvmm_argv(kernel, tap, mac)
         os.mkfifo(container.fifo, 0o600)
         if args.console_socket:
@@ -245,16 +310,13 @@ def create(root: str, args: argparse.Namespace) -> None:
         with enter:  # the child is born in the container's network namespace
             pid = os.fork()
             if pid == 0:
-                _child(container.fifo, argv, console, kernel.new_netns)
+                _child(container.fifo, argv, console, kernel.new_netns, kernel.fds())
         state["pid"] = pid
         state["start_time"] = _start_time(pid)
         state["argv"] = argv
         container.save(state)
         if args.pid_file:
-            tmp = args.pid_file + ".tmp"
-            with open(tmp, "w") as f:
-                f.write(str(pid))
-            os.replace(tmp, args.pid_file)
+            write_private(args.pid_file, str(pid))
     except BaseException:
         _remove(container, state, kill=True)
         raise
@@ -383,51 +445,82 @@ def features(root: str, args: argparse.Namespace) -> None:
 
 # -- command line -----------------------------------------------------------
 
+UNSUPPORTED = ("exec", "pause", "resume", "checkpoint", "restore", "update", "events", "run")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its complaints in one line."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        if "invalid choice" in message:  # argparse would list the unsupported verbs too
+            message = message.split(" (choose from")[0] + f" (the commands: {', '.join(COMMANDS)})"
+        self.exit(2, f"{PROG}: {message} (see {PROG} --help)\n")
+
+
+COMMANDS = ("create", "start", "state", "kill", "delete", "ps", "features", "pack")
+
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="pyvmm-oci", description="runc-compatible OCI runtime for pyvmm"
+    p = _Parser(
+        prog=PROG,
+        usage=f"{PROG} [--root DIR] [--log FILE] [--log-format text|json] COMMAND ...",
+        description=(
+            "An OCI runtime with runc's command line that runs Solo5 hvt unikernels with pyvmm: "
+            "containerd's io.containerd.runc.v2 shim calls it in place of runc "
+            "(docs/orchestration.md)."
+        ),
+        epilog=(
+            "runc's --debug, --systemd-cgroup, --rootless and --criu are accepted and ignored. "
+            "Not supported (a unikernel is one process): " + ", ".join(UNSUPPORTED) + "."
+        ),
     )
-    p.add_argument("--root", default=DEFAULT_ROOT)
-    p.add_argument("--log")
-    p.add_argument("--log-format", default="text", choices=("text", "json"))
-    p.add_argument("--debug", action="store_true")
-    p.add_argument("--systemd-cgroup", action="store_true")
-    p.add_argument("--rootless", default="auto")
-    p.add_argument("--criu")
-    p.add_argument("-v", "--version", action="store_true")
-    sub = p.add_subparsers(dest="command")
+    p.add_argument("--root", default=DEFAULT_ROOT, metavar="DIR", help="state directory")
+    p.add_argument("--log", metavar="FILE", help="append errors to FILE (the shim reads them)")
+    p.add_argument(
+        "--log-format", default="text", choices=("text", "json"), metavar="FMT", help="text or json"
+    )
+    p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--systemd-cgroup", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--rootless", default="auto", help=argparse.SUPPRESS)
+    p.add_argument("--criu", help=argparse.SUPPRESS)
+    p.add_argument("-v", "--version", action="store_true", help="pyvmm's version, the OCI spec's")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
-    c = sub.add_parser("create")
-    c.add_argument("--bundle", "-b", default=".")
-    c.add_argument("--pid-file")
-    c.add_argument("--console-socket")
-    c.add_argument("--no-pivot", action="store_true")
-    c.add_argument("--no-new-keyring", action="store_true")
-    c.add_argument("--preserve-fds", type=int, default=0)
+    c = sub.add_parser("create", help="read the bundle, open its files, wait for start")
+    c.add_argument("--bundle", "-b", default=".", metavar="DIR")
+    c.add_argument("--pid-file", metavar="FILE")
+    c.add_argument("--console-socket", metavar="SOCK")
+    c.add_argument("--no-pivot", action="store_true", help=argparse.SUPPRESS)
+    c.add_argument("--no-new-keyring", action="store_true", help=argparse.SUPPRESS)
+    c.add_argument("--preserve-fds", type=int, default=0, help=argparse.SUPPRESS)
     c.add_argument("id")
     c.set_defaults(run=create)
-    for name, func in (("start", start), ("state", state_cmd)):
-        s = sub.add_parser(name)
+    for name, func, what in (
+        ("start", start, "let a created container's unikernel run"),
+        ("state", state_cmd, "the container's state, as runc's JSON"),
+    ):
+        s = sub.add_parser(name, help=what)
         s.add_argument("id")
         s.set_defaults(run=func)
-    k = sub.add_parser("kill")
+    k = sub.add_parser("kill", help="send the unikernel's pyvmm a signal (default SIGTERM)")
     k.add_argument("--all", "-a", action="store_true")
     k.add_argument("id")
     k.add_argument("signal", nargs="?", default="SIGTERM")
     k.set_defaults(run=kill)
-    d = sub.add_parser("delete")
+    d = sub.add_parser("delete", help="remove a stopped container (--force: any)")
     d.add_argument("--force", "-f", action="store_true")
     d.add_argument("id")
     d.set_defaults(run=delete)
-    s = sub.add_parser("ps")
-    s.add_argument("--format", "-f", default="table")
+    s = sub.add_parser("ps", help="the container's process (pyvmm): a table or JSON")
+    s.add_argument("--format", "-f", default="table", choices=("table", "json"))
     s.add_argument("id")
-    s.add_argument("ps_args", nargs="*")
+    s.add_argument("ps_args", nargs="*", help=argparse.SUPPRESS)
     s.set_defaults(run=ps)
-    f = sub.add_parser("features")
+    f = sub.add_parser("features", help="what this runtime supports, as JSON")
     f.set_defaults(run=features)
-    for name in ("exec", "pause", "resume", "checkpoint", "restore", "update", "events", "run"):
+    # pack takes its own arguments (pyvmm.oci.image's): main hands them over.
+    sub.add_parser("pack", add_help=False, help="pack a unikernel into an OCI image archive")
+    for name in UNSUPPORTED:  # no help: not listed, refused with a reason
         u = sub.add_parser(name)
         u.add_argument("rest", nargs=argparse.REMAINDER)
         u.set_defaults(run=unsupported(name))
@@ -476,25 +569,33 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     trace = os.environ.get("PYVMM_OCI_TRACE")
     if trace:
-        with contextlib.suppress(OSError), open(trace, "a") as f:
-            f.write(f"{time.time():.3f} {os.getpid()} {json.dumps(argv)}\n")
-    args = parser().parse_args(argv)
+        with contextlib.suppress(OSError):
+            append_private(trace, f"{time.time():.3f} {os.getpid()} {json.dumps(argv)}\n")
+    args, extra = parser().parse_known_args(argv)
+    if args.command == "pack":
+        from pyvmm.oci import image
+
+        return image.main(extra)
+    if extra:
+        parser().error(f"unrecognized arguments: {' '.join(extra)}")
     if args.version:
-        print(f"pyvmm-oci version {VERSION}\nspec: {OCI_VERSION}")
+        print(f"{PROG} version {__version__}\nspec: {OCI_VERSION}")
         return 0
     if args.command is None:
-        parser().print_usage(sys.stderr)
+        parser().print_help(sys.stderr)
         return 2
     log = Log(args.log, args.log_format)
     try:
-        os.makedirs(args.root, mode=0o711, exist_ok=True)
+        if getattr(args, "id", None) is not None:
+            check_id(args.id)  # before anything names ROOT/ID, runc's state included
+        os.makedirs(args.root, mode=DIR_MODE, exist_ok=True)
         if _is_sandbox(args) or _delegated(args):
             delegate(argv, args)
         args.run(args.root, args)
     except (RuntimeError_, BundleError, OSError) as err:
         msg = str(err)
         log.write("error", msg)
-        print(f"pyvmm-oci: {msg}", file=sys.stderr)
+        print(f"{PROG}: {msg}", file=sys.stderr)
         return 1
     return 0
 

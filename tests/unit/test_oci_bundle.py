@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import json
+import os
 import shutil
+import stat
 import sys
 import tarfile
 
@@ -19,13 +22,18 @@ from pyvmm.oci.network import Link, tap_name
 from pyvmm.oci.runtime import parse_signal, pyvmm_argv, pyvmm_command
 
 
+def same_file(fd: int, path) -> bool:
+    a, b = os.fstat(fd), os.stat(path)
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 def make_bundle(tmp_path, kernel="hello", at="/unikernel/kernel.hvt", **config):
     rootfs = tmp_path / "rootfs"
     if kernel:
         dest = rootfs / at.lstrip("/")
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(guest(kernel), dest)
-    rootfs.mkdir(exist_ok=True)
+    rootfs.mkdir(parents=True, exist_ok=True)
     spec = {"ociVersion": "1.0.2", "root": {"path": "rootfs"}, "process": {"args": []}}
     spec.update(config)
     (tmp_path / "config.json").write_text(json.dumps(spec))
@@ -43,9 +51,10 @@ def make_bundle(tmp_path, kernel="hello", at="/unikernel/kernel.hvt", **config):
 )
 def test_process_args_become_guest_args_without_the_entrypoint(tmp_path, args, guest_args):
     bundle = make_bundle(tmp_path, process={"args": args})
-    kernel = read_bundle(str(bundle))
-    assert kernel.args == guest_args
-    assert kernel.path == str(bundle / "rootfs/unikernel/kernel.hvt")
+    with read_bundle(str(bundle)) as kernel:
+        assert kernel.args == guest_args
+        assert same_file(kernel.fd, bundle / "rootfs/unikernel/kernel.hvt")
+        assert kernel.path == f"/proc/self/fd/{kernel.fd}"
 
 
 def test_memory_limit_becomes_mem_in_mib(tmp_path):
@@ -68,7 +77,8 @@ def test_annotations_name_the_binary_and_urunc_json_is_read(tmp_path):
     notes = {"com.urunc.unikernel.binary": "/u/k.hvt", "com.urunc.unikernel.hypervisor": "hvt"}
     encoded = {k: base64.b64encode(v.encode()).decode() for k, v in notes.items()}
     (bundle / "rootfs" / "urunc.json").write_text(json.dumps(encoded))
-    assert read_bundle(str(bundle)).path.endswith("/u/k.hvt")
+    with read_bundle(str(bundle)) as kernel:
+        assert same_file(kernel.fd, bundle / "rootfs/u/k.hvt")
     notes["com.urunc.unikernel.hypervisor"] = "qemu"
     encoded = {k: base64.b64encode(v.encode()).decode() for k, v in notes.items()}
     (bundle / "rootfs" / "urunc.json").write_text(json.dumps(encoded))
@@ -163,22 +173,209 @@ def test_the_image_archive_is_an_oci_layout_whose_digests_hold(tmp_path):
 def test_the_image_tool_refuses_what_is_not_a_unikernel(tmp_path, capsys):
     assert oci_image.main(["-o", str(tmp_path / "x.tar"), sys.executable]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"pyvmm.oci.image: {sys.executable}: ") and err.count("\n") == 1
+    assert err.startswith(f"pyvmm-oci pack: {sys.executable}: ") and err.count("\n") == 1
     assert not (tmp_path / "x.tar").exists()
 
 
-def test_block_annotations_attach_a_mount_source_or_a_rootfs_file(tmp_path):
+def test_block_annotations_attach_a_mount_source_or_a_rootfs_file_as_descriptors(tmp_path):
+    host = tmp_path / "srv" / "disk.img"
+    host.parent.mkdir()
+    host.write_bytes(bytes(4096))
+    bundle = make_bundle(
+        tmp_path / "b",
+        "blocktest",
+        annotations={"org.pyvmm.unikernel.block.storage": "/data/disk.img"},
+        mounts=[{"destination": "/data/disk.img", "type": "bind", "source": str(host)}],
+    )
+    with read_bundle(str(bundle)) as kernel:
+        block = kernel.blocks["storage"]
+        assert same_file(block.fd, host)
+        argv = pyvmm_argv(kernel, None, None)[len(pyvmm_command()) :]
+        assert argv == [f"--block:storage=@{block.fd}", "--", f"/proc/self/fd/{kernel.fd}"]
+    (bundle / "rootfs" / "images").mkdir()
+    (bundle / "rootfs" / "images" / "base.img").write_bytes(bytes(4096))
+    config = json.loads((bundle / "config.json").read_text())
+    config["annotations"]["org.pyvmm.unikernel.block.storage"] = "/images/base.img"
+    (bundle / "config.json").write_text(json.dumps(config))
+    with read_bundle(str(bundle)) as kernel:
+        assert same_file(kernel.blocks["storage"].fd, bundle / "rootfs/images/base.img")
+        assert fcntl.fcntl(kernel.blocks["storage"].fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDWR
+
+
+# -- what an image may ask for ----------------------------------------------------
+
+BLOCK = "org.pyvmm.unikernel.block.storage"
+
+
+def image_notes(bundle, notes: dict) -> None:
+    (bundle / "rootfs" / "pyvmm-oci.json").write_text(json.dumps(notes))
+
+
+def test_a_block_link_out_of_the_rootfs_reaches_no_host_file(tmp_path):
+    """The image's /disk.img is a link to a root-only host file: resolved in
+    the rootfs, it names nothing, and the host file is not opened."""
+    host = tmp_path / "secret.img"
+    host.write_bytes(b"s" * 4096)
+    host.chmod(0o600)
+    bundle = make_bundle(tmp_path / "b", "blocktest")
+    os.symlink(host, bundle / "rootfs" / "disk.img")
+    image_notes(bundle, {BLOCK: "/disk.img"})
+    with pytest.raises(BundleError) as info:
+        read_bundle(str(bundle))
+    assert str(info.value) == f"{BLOCK}=/disk.img: /disk.img is not a file in the rootfs"
+    assert host.read_bytes() == b"s" * 4096
+
+
+def test_a_block_device_node_in_an_image_is_refused(tmp_path):
+    """Which host disk a guest gets is the operator's choice (a bind mount),
+    never the image's: a device node it carries is refused unopened."""
+    if os.geteuid() != 0:
+        pytest.skip("mknod needs root")
+    bundle = make_bundle(tmp_path, "blocktest")
+    os.mknod(bundle / "rootfs" / "sda", stat.S_IFBLK | 0o600, os.makedev(7, 0))
+    image_notes(bundle, {BLOCK: "/sda"})
+    with pytest.raises(BundleError, match=r"/sda is a device node \(an image may name regular"):
+        read_bundle(str(bundle))
+
+
+def test_a_bind_mount_the_operator_made_may_be_a_host_block_device(tmp_path, loop_device):
     bundle = make_bundle(
         tmp_path,
-        annotations={
-            "org.pyvmm.unikernel.block.storage": "/data/disk.img",
-            "org.pyvmm.unikernel.block.ro": "/images/base.img",
-        },
-        mounts=[{"destination": "/data/disk.img", "type": "bind", "source": "/srv/disk.img"}],
+        "blocktest",
+        annotations={BLOCK: "/dev/disk"},
+        mounts=[{"destination": "/dev/disk", "type": "bind", "source": loop_device[0]}],
     )
-    kernel = read_bundle(str(bundle))
-    argv = pyvmm_argv(kernel, None, None)[len(pyvmm_command()) :]
-    assert argv[:2] == [
-        f"--block:ro={bundle}/rootfs/images/base.img",
-        "--block:storage=/srv/disk.img",
-    ]
+    with read_bundle(str(bundle)) as kernel:
+        assert stat.S_ISBLK(os.fstat(kernel.blocks["storage"].fd).st_mode)
+
+
+@pytest.mark.parametrize(
+    ("mount", "message"),
+    [
+        ({"type": "bind", "options": ["rbind", "ro"]}, r"is read-only \(pyvmm attaches"),
+        ({"type": "tmpfs", "source": "tmpfs"}, "is not a bind mount of a file"),
+        ({"type": "bind", "source": "/nonexistent/x"}, "cannot open the mount's source"),
+        ({"type": "bind", "source": "/"}, "is not a regular file or block device"),
+    ],
+)
+def test_mounts_that_cannot_back_a_disk_are_refused(tmp_path, mount, message):
+    host = tmp_path / "disk.img"
+    host.write_bytes(bytes(4096))
+    mount = {"destination": "/data", "source": str(host), **mount}
+    bundle = make_bundle(tmp_path / "b", "blocktest", annotations={BLOCK: "/data"}, mounts=[mount])
+    with pytest.raises(BundleError, match=message):
+        read_bundle(str(bundle))
+
+
+def test_a_block_annotation_must_name_a_device_the_unikernel_declares(tmp_path):
+    """The name goes on pyvmm's command line: only a declared one does."""
+    bundle = make_bundle(tmp_path, "blocktest")
+    (bundle / "rootfs" / "disk.img").write_bytes(bytes(4096))
+    image_notes(bundle, {"org.pyvmm.unikernel.block.storage=/etc/passwd": "/disk.img"})
+    with pytest.raises(BundleError, match=r"declares no block device .* \(its block devices: stor"):
+        read_bundle(str(bundle))
+
+
+def test_a_kernel_link_says_nothing_about_the_host(tmp_path):
+    """A link to a host file that exists and one to a file that does not give
+    the same line."""
+    messages = set()
+    for target in ("/etc/passwd", "/etc/no-such-file"):
+        bundle = make_bundle(tmp_path / target.rsplit("/", 1)[1], kernel=None)
+        os.symlink(target, bundle / "rootfs" / "k.hvt")
+        image_notes(bundle, {"org.pyvmm.unikernel.binary": "/k.hvt"})
+        with pytest.raises(BundleError) as info:
+            read_bundle(str(bundle))
+        messages.add(str(info.value))
+    assert messages == {
+        "not a unikernel image: /k.hvt (from org.pyvmm.unikernel.binary) "
+        "is not a file in the rootfs"
+    }
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[" * 30000 + "]" * 30000, "/pyvmm-oci.json in the image is nested too deeply"),
+        ('{"a": ' * 5 + "1" + "}" * 5, "the value of a is not a string"),
+        ("[1]", "/pyvmm-oci.json in the image is not a JSON object"),
+        ("{" * 3, "/pyvmm-oci.json in the image is not valid JSON"),
+        (" " * 70000, "/pyvmm-oci.json in the image is larger than 65536 bytes"),
+        (b"\xff\xfe", "/pyvmm-oci.json in the image is not valid JSON"),
+    ],
+    ids=["deep", "not a string", "not an object", "cut short", "too large", "not utf-8"],
+)
+def test_bad_metadata_in_an_image_gets_one_line(tmp_path, content, message):
+    bundle = make_bundle(tmp_path)
+    path = bundle / "rootfs" / "pyvmm-oci.json"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(BundleError) as info:
+        read_bundle(str(bundle))
+    assert str(info.value).startswith(message) or message in str(info.value), str(info.value)
+    assert "\n" not in str(info.value) and len(str(info.value)) < 400
+
+
+def test_a_fifo_or_a_link_as_metadata_is_not_read(tmp_path):
+    """A FIFO would block create; a link to a host file would be parsed."""
+    bundle = make_bundle(tmp_path)
+    os.mkfifo(bundle / "rootfs" / "pyvmm-oci.json")
+    with pytest.raises(BundleError, match="^/pyvmm-oci.json in the image is not a regular file$"):
+        read_bundle(str(bundle))
+    os.unlink(bundle / "rootfs" / "pyvmm-oci.json")
+    host = tmp_path / "notes.json"
+    host.write_text('{"org.pyvmm.unikernel.binary": "/nope"}')
+    os.symlink(host, bundle / "rootfs" / "pyvmm-oci.json")
+    with read_bundle(str(bundle)) as kernel:  # the default path: the host's notes unread
+        assert kernel.inner == "/unikernel/kernel.hvt"
+
+
+def test_read_bundle_leaves_no_descriptor_open_when_it_refuses(tmp_path):
+    bundle = make_bundle(tmp_path, "blocktest")
+    image_notes(bundle, {BLOCK: "/missing.img"})
+    before = sorted(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(BundleError):
+            read_bundle(str(bundle))
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+# -- the network arguments template ------------------------------------------------
+
+
+LINK = Link("eth0", "02:00:00:00:00:01", "10.88.0.2", 24, "10.88.0.1", 1500, "pvtap0")
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["{ip.x}", "{ip[0]}", "{ip:>99999999}", "{ip!r}", "{}", "{0}", "{ip", "ip}", "{tap}"],
+)
+def test_the_template_takes_plain_names_only(template):
+    with pytest.raises(BundleError) as info:
+        net_args(template, LINK.values())
+    line = str(info.value)
+    assert line.startswith("org.pyvmm.unikernel.net-args: bad template: ")
+    assert "\n" not in line and len(line) < 300
+
+
+def test_the_template_and_its_words_are_capped():
+    """15 characters may not become a megabyte for shlex to split."""
+    with pytest.raises(BundleError, match="2000 characters, more than 1024"):
+        net_args("x" * 2000, LINK.values())
+    with pytest.raises(BundleError, match="expands to 3059 characters, more than 2048"):
+        net_args("{mac}" * 170 + "x" * 169, LINK.values())
+    assert net_args("{{{ip}}} '{cidr} x'", LINK.values()) == ["{10.88.0.2}", "10.88.0.2/24 x"]
+
+
+def test_a_bad_template_in_an_image_is_refused_before_any_network_set_up(tmp_path):
+    ns = {"type": "network", "path": "/var/run/netns/pod"}
+    bundle = make_bundle(tmp_path, "ping", linux={"namespaces": [ns]})
+    image_notes(bundle, {"org.pyvmm.unikernel.net-args": "{ip.__class__}"})
+    with pytest.raises(BundleError, match="bad template: '{ip.__class__}' is not a name"):
+        read_bundle(str(bundle))
+
+
+def test_the_image_tool_refuses_a_bad_template(tmp_path, capsys):
+    out = tmp_path / "x.tar"
+    assert oci_image.main(["-o", str(out), "--net-args", "{ip:>9}", str(guest("ping"))]) == 1
+    assert capsys.readouterr().err.startswith("pyvmm-oci pack: --net-args: '{ip:>9}' is not")
+    assert not out.exists()

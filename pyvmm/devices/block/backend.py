@@ -57,6 +57,10 @@ class BlockDevice(OwnedFd):
         a one-line start-up error rather than a failed hypercall later. With
         ``lock`` the image gets an exclusive advisory lock (flock) for the
         run, so two pyvmm processes never write one image at once.
+
+        ``"@N"`` adopts descriptor N, already open read-write (a caller
+        that opened the file itself, as pyvmm-oci does, leaves no window
+        between its checks and pyvmm's open); if this raises, N stays open.
         """
 
         def fail(cause: str) -> DeviceError:
@@ -70,14 +74,18 @@ class BlockDevice(OwnedFd):
             or block_size & (block_size - 1)
         ):
             raise fail(block_size_problem(block_size))
-        try:
-            # Refuse anything else before open(): opening a FIFO or a
-            # character device can block or have side effects.
-            if not _is_disk(os.stat(path).st_mode):
-                raise fail(f"{path} is not a regular file or block device")
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        except OSError as err:
-            raise fail(f"Could not open block device: {path}: {_reason(err)}") from None
+        adopted = path.startswith("@")
+        if adopted:
+            fd = _adopt(path, fail)
+        else:
+            try:
+                # Refuse anything else before open(): opening a FIFO or a
+                # character device can block or have side effects.
+                if not _is_disk(os.stat(path).st_mode):
+                    raise fail(f"{path} is not a regular file or block device")
+                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            except OSError as err:
+                raise fail(f"Could not open block device: {path}: {_reason(err)}") from None
         try:
             st = os.fstat(fd)
             # The path may have been replaced between stat() and open().
@@ -98,8 +106,11 @@ class BlockDevice(OwnedFd):
             if lock:
                 _lock(fd, path, fail)
         except BaseException:
-            os.close(fd)
+            if not adopted:
+                os.close(fd)
             raise
+        if adopted:
+            os.set_inheritable(fd, False)
         return cls(name, path, fd, size, block_size, handle)
 
     def attachment(self) -> BlockAttachment:
@@ -215,6 +226,24 @@ def _lock_holder(st: os.stat_result) -> str:
     except OSError:
         pass
     return ""
+
+
+def _adopt(text: str, fail) -> int:
+    """The descriptor ``@N`` names, if it is a disk open read-write."""
+    digits = text[1:]
+    if not digits.isascii() or not digits.isdecimal() or len(digits) > 10 or int(digits) >= 1 << 31:
+        raise fail(f"'{digits}' is not a file descriptor number")
+    fd = int(digits)
+    try:
+        mode = os.fstat(fd).st_mode
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    except OSError as err:
+        raise fail(f"fd {fd} is not open ({_reason(err)})") from None
+    if not _is_disk(mode):
+        raise fail(f"fd {fd} is not a regular file or block device")
+    if flags & os.O_ACCMODE != os.O_RDWR:
+        raise fail(f"fd {fd} is not open for reading and writing")
+    return fd
 
 
 def _reason(err: OSError) -> str:
