@@ -7,7 +7,8 @@ TARGET is one of testkit/fuzztargets.py's: `elf` (the loader: ELF header,
 program headers, notes, the ABI, capability and manifest notes), `manifest`,
 `cli` (argv, NUL-separated) or `hypercall` (a hypercall number, a GPA and
 guest memory contents, answered by pyvmm's handlers against real guest
-memory, a block image and a net device). The Python code is instrumented
+memory, a block image and a net device) or `http` (a request to `pyvmm
+serve`'s API socket, cut into pieces). The Python code is instrumented
 for coverage (atheris.instrument_all), so libFuzzer's feedback covers
 pyvmm's Python; the cffi extension is reached through it (its C is not
 instrumented: build with clang's -fsanitize=fuzzer-no-link for that).
@@ -51,6 +52,15 @@ def seeds(target: str) -> list[bytes]:
             manifest_desc([(b"", lib.MFT_RESERVED_FIRST), (b"service0", lib.MFT_DEV_NET_BASIC)]),
             manifest_desc([(b"", lib.MFT_RESERVED_FIRST), (b"storage", lib.MFT_DEV_BLOCK_BASIC)]),
         ]
+    if target == "http":
+        return [
+            b"\x00GET /v1/vms HTTP/1.1\r\nHost: localhost\r\n\r\n",
+            b"\x03POST /vms HTTP/1.1\r\nContent-Length: 33\r\n\r\n"
+            b'{"argv": ["k.hvt"], "wait": true}',
+            b"\x01DELETE /v1/vms/a.b-1 HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",
+            b"\x00POST /pool HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 11\r\n\r\n"
+            b'{"size": 2}',
+        ]
     if target == "cli":
         return [
             b"--mem=64\0--net:service0=tap0\0--shm=poll\0k.hvt\0arg",
@@ -85,6 +95,8 @@ def run_atheris(target: str, corpus: Path, seconds: int, extra: list[str]) -> in
         "pyvmm.devices.block.hypercalls",
         "pyvmm.devices.console",
         "pyvmm.memory",
+        "pyvmm.serve.http",
+        "pyvmm.serve.routes",
     ):
         importlib.import_module(module)
     atheris.instrument_all()  # every Python function loaded so far: pyvmm's
@@ -138,7 +150,9 @@ def run_hypothesis(target: str, seconds: int) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("target", choices=("elf", "manifest", "cli", "hypercall"))
+    from testkit.fuzztargets import TARGETS
+
+    parser.add_argument("target", choices=TARGETS)
     parser.add_argument("--seconds", type=int, default=600)
     parser.add_argument("--corpus", type=Path)
     parser.add_argument("--hypothesis", action="store_true", help="without atheris")

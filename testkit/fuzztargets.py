@@ -20,7 +20,7 @@ import tempfile
 from pyvmm._native import ffi, lib
 from pyvmm.errors import GuestFault, LoaderError, PyvmmError
 
-TARGETS = ("elf", "manifest", "cli", "hypercall")
+TARGETS = ("elf", "manifest", "cli", "hypercall", "http")
 
 
 # -- files --------------------------------------------------------------------------
@@ -177,8 +177,47 @@ def hypercall(data: bytes) -> str:
     return outcome
 
 
+# -- the launcher's API socket -------------------------------------------------------
+
+
+def http(data: bytes) -> str:
+    """A request as a client of ``pyvmm serve`` sends it: the first byte
+    says where the bytes are cut into the pieces the launcher reads (so a
+    head or body split anywhere is read as one in a piece); then its route
+    and its body's JSON. Only ``HttpError`` may refuse it, with a status
+    the launcher knows and a body of the usual fields."""
+    from pyvmm.serve import http as wire
+    from pyvmm.serve.routes import route
+
+    if not data:
+        return "short"
+    step, data = data[0] * 97 + 1, data[1:]
+    reader = wire.RequestReader()
+    try:
+        request = None
+        for at in range(0, max(len(data), 1), step):
+            request = reader.feed(data[at : at + step])
+            if request is not None:
+                break
+        if request is None:
+            # Waiting for more, within the limits.
+            assert reader.head is not None or len(reader.buffer) < wire.MAX_HEAD
+            return "incomplete"
+        assert len(request.body) == int(request.headers.get("content-length", "0"))
+        assert len(request.body) <= wire.MAX_BODY
+        route(request.method, request.path)
+        body = request.json()
+        assert isinstance(body, dict) and wire.nesting_ok(body)
+    except wire.HttpError as err:
+        assert err.status in wire.REASONS and 400 <= err.status < 600, err.status
+        status, answer = wire.parse_response(wire.response(err.status, err.body()))
+        assert status == err.status and answer == err.body() and "\n" not in answer["error"]
+        return "refused"
+    return "accepted"
+
+
 def run(target: str, data: bytes) -> str:
     return globals()[target](data)
 
 
-__all__ = ["TARGETS", "cli", "elf", "hypercall", "lib", "manifest", "run"]
+__all__ = ["TARGETS", "cli", "elf", "http", "hypercall", "lib", "manifest", "run"]

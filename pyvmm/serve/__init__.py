@@ -7,8 +7,11 @@ One launcher process imports everything a run needs once, then forks a
 child per VM on request over an HTTP/JSON Unix socket (docs/serve.md):
 the child is that VM's own process, and the interpreter's pages stay
 shared copy-on-write between VMs. Modules: ``http`` (the little HTTP),
-``server`` (the loop and the API), ``vms`` (request -> plan -> fork),
-``child`` (the VM's process), ``warm`` (what is done once), ``client``.
+``routes`` (its paths), ``openapi`` (their description), ``server`` (the
+loop and the API), ``limits`` (what it takes on), ``peer`` (who may talk
+to whom), ``events`` (what a VM's process may say), ``relay`` (a VM's
+lines in the log), ``vms`` (request -> plan -> fork), ``child`` (the VM's
+process), ``warm`` (what is done once), ``client``.
 This module imports none of them until a subcommand needs it, so that
 ``pyvmm run`` stays a small client.
 """
@@ -21,14 +24,22 @@ from pyvmm.errors import UsageError
 
 SUBCOMMANDS = ("serve", "run")
 USAGE = """\
-usage: pyvmm serve --api-sock PATH
+usage: pyvmm serve --api-sock PATH [LIMITS]
        pyvmm run --api-sock PATH [OPTIONS] [--] KERNEL [ARGS...]
 
 serve: a warm launcher: imports pyvmm once, then starts each VM as a child
-  process on request over the Unix socket PATH (HTTP/JSON, docs/serve.md);
-  SIGTERM or SIGINT stops every VM, waits for them and ends.
+  process on request over the Unix socket PATH (HTTP/JSON, docs/serve.md;
+  GET /openapi.json describes it); SIGTERM or SIGINT stops every VM, waits
+  for them and ends. Only root and the launcher's own user may use it.
+  LIMITS:
+  --max-vms=N            VM processes at once, pooled ones included (64)
+  --max-pools=N          pools of VMs prepared ahead (8)
+  --max-connections=N    client connections open at once (256)
+  --request-timeout=S    seconds to send a request, and to take its answer (10)
+  --allow-uid=UID[,UID]  users who may use it besides root and its own
 run: the pyvmm command through that launcher: the same OPTIONS, console
-  and exit status, the VM started by the launcher.
+  and exit status, the VM started by the launcher (which must be root's or
+  this user's: nothing is sent to another's).
 """
 
 
@@ -59,11 +70,12 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(USAGE)
         return 0
     if name == "serve":
-        if rest:
-            raise UsageError(f"serve: unexpected argument `{rest[0]}' (see pyvmm serve --help)")
+        from pyvmm.serve.limits import parse_limits
+
+        limits = parse_limits(rest)
         from pyvmm.serve.server import serve
 
-        return serve(path)
+        return serve(path, limits)
     from pyvmm.serve.client import ClientError, run
 
     if not rest:

@@ -6,9 +6,11 @@ socket, SCM_RIGHTS), so the guest's console and pyvmm's lines appear where
 the command's would, and to answer when the VM has ended (``"wait":
 true``, on the same connection, so the end cannot be missed); it exits
 with the guest's status. A stop signal while it waits is passed on to the VM (POST
-/vms/ID/stop with that signal), which ends as the command would: 128 + N
-and the same line. It imports nothing of the launcher's, so it starts as
-fast as the interpreter and cli.py allow.
+/v1/vms/ID/stop with that signal), which ends as the command would: 128 + N
+and the same line. Before it sends anything it checks who listens on the
+socket (peer.py): root or its own user, else one line and nothing sent.
+It imports nothing of the launcher's, so it starts as fast as the
+interpreter and cli.py allow.
 """
 
 from __future__ import annotations
@@ -22,8 +24,12 @@ import time
 from typing import Any
 
 from pyvmm.serve import http
+from pyvmm.serve.peer import peer_uid, trusted
+from pyvmm.serve.routes import API_VERSION
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: The paths' prefix: the API version this client speaks.
+API = f"/{API_VERSION}"
 
 
 class ClientError(Exception):
@@ -43,12 +49,22 @@ def call(
 
 
 def connect(path: str) -> socket.socket:
+    """A connection to a launcher of root or of this user (else ClientError:
+    the request, and the terminal's fds with it, go nowhere else)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
+        uid = peer_uid(sock)
     except OSError as err:
         sock.close()
-        raise ClientError(f"--api-sock={path}: cannot connect: {err.strerror}") from None
+        hint = f"is `pyvmm serve --api-sock={path}` running?"
+        raise ClientError(f"--api-sock={path}: cannot connect: {err.strerror} ({hint})") from None
+    if not trusted(uid):
+        sock.close()
+        raise ClientError(
+            f"--api-sock={path}: the process listening there is uid {uid}, neither root "
+            f"nor this user (uid {os.geteuid()}): nothing sent to it"
+        )
     return sock
 
 
@@ -72,6 +88,10 @@ def receive(sock: socket.socket) -> tuple[int, Any]:
             chunk = sock.recv(65536)
         except InterruptedError:
             continue
+        except ConnectionResetError:
+            if chunks:  # the answer, then a close with our request unread
+                break
+            raise ClientError("the launcher closed the connection without an answer") from None
         except OSError as err:
             raise ClientError(f"the launcher's answer was cut: {err.strerror}") from None
         if not chunk:
@@ -109,14 +129,14 @@ def run(path: str, argv: list[str]) -> int:
     body = {"argv": argv, "cwd": os.getcwd(), "id": vm_id, "wait": True}
     sock = connect(path)
     try:
-        send(sock, "POST", "/vms", body, fds=[1, 2])
+        send(sock, "POST", f"{API}/vms", body, fds=[1, 2])
         with selectors.DefaultSelector() as sel:
             sel.register(sock, selectors.EVENT_READ)
             sel.register(read, selectors.EVENT_READ)
             while True:
                 while signals:  # passed on: the VM ends as the command would
                     name = signal.Signals(signals.pop(0)).name
-                    call(path, "POST", f"/vms/{vm_id}/stop", {"signal": name})
+                    call(path, "POST", f"{API}/vms/{vm_id}/stop", {"signal": name})
                 if sock in [key.fileobj for key, _ in sel.select()]:
                     status, answer = receive(sock)
                     break

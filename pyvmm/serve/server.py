@@ -6,6 +6,11 @@ pidfd becomes readable when its process ends, so no SIGCHLD handler is
 needed) and the stop signals (through ``signal.set_wakeup_fd``) are all
 events of one ``selectors`` loop, and timeouts are a small heap of
 deadlines. docs/serve.md has the API.
+
+Nothing a client or a VM's process sends can end it: who may connect is
+checked (peer.py), every request and every resource it asks for is
+bounded (http.py, limits.py), every message of a VM's process is checked
+before use (events.py) and a bad one ends that VM only.
 """
 
 from __future__ import annotations
@@ -27,8 +32,23 @@ from typing import Any
 from pyvmm import __version__
 from pyvmm.errors import PyvmmError, stop_message
 from pyvmm.serve import http
-from pyvmm.serve.http import HttpError, Request
-from pyvmm.serve.vms import ID_OK, KNOWN_KEYS, Vm, describe_status, pool_key, prepare, spawn
+from pyvmm.serve.events import MAX_MESSAGE, BadMessage, parse_event
+from pyvmm.serve.http import HttpError, Request, error_body
+from pyvmm.serve.limits import Limits
+from pyvmm.serve.peer import peer_uid, trusted
+from pyvmm.serve.relay import StderrRelay
+from pyvmm.serve.routes import API_VERSION, route
+from pyvmm.serve.vms import (
+    KNOWN_KEYS,
+    MAX_FDS,
+    Vm,
+    checked_id,
+    describe_status,
+    optional_path,
+    pool_key,
+    prepare,
+    spawn,
+)
 from pyvmm.serve.warm import HostFacts
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -45,6 +65,8 @@ _RECV_FDS = 4
 MAX_POOL = 16
 #: How long after a pooled VM's start its replacement is prepared (s).
 REFILL_DELAY = 0.02
+#: How long the launcher stops accepting when it is out of fds (s).
+ACCEPT_PAUSE = 0.25
 
 
 class Pool:
@@ -75,7 +97,7 @@ class Conn:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.reader = http.RequestReader()
+        self.reader: http.RequestReader | None = http.RequestReader()
         self.arrived_ns: int | None = None
         self.fds: list[int] = []
         self.out = b""
@@ -91,11 +113,12 @@ class Conn:
 
 
 class Launcher:
-    def __init__(self, path: str, facts: HostFacts) -> None:
+    def __init__(self, path: str, facts: HostFacts, limits: Limits | None = None) -> None:
         import selectors
 
         self.path = path
         self.facts = facts
+        self.limits = limits or Limits()
         self.selector = selectors.DefaultSelector()
         self.vms: dict[str, Vm] = {}
         self.live: dict[int, Vm] = {}  # by pid, until reaped
@@ -116,10 +139,15 @@ class Launcher:
             sock.setblocking(False)
         self.selector.register(self.listener, 1, self._accept)
         self.selector.register(self._wake_r, 1, self._woken)
+        #: One fd kept free for the moment the launcher has no other: it
+        #: takes the waiting client's connection to say why, then returns.
+        self._reserve = _reserve_fd()
+        self._accepting = True
 
     # -- the socket --------------------------------------------------------------
 
     def _listen(self, path: str) -> socket.socket:
+        _check_directory(path)
         with contextlib.suppress(FileNotFoundError):
             if not stat.S_ISSOCK(os.lstat(path).st_mode):
                 raise PyvmmError(f"--api-sock={path}: exists and is not a socket")
@@ -247,6 +275,12 @@ class Launcher:
             self._unlink()
         self._wake_r.close()
         self._wake_w.close()
+        if self._reserve is not None:
+            os.close(self._reserve)
+            self._reserve = None
+        for vm in self.live.values():
+            if vm.relay is not None:
+                vm.relay.close()
         self.selector.close()
 
     def close_in_child(self) -> None:
@@ -265,23 +299,94 @@ class Launcher:
                 os.close(fd)
         for vm in self.live.values():
             os.close(vm.pidfd)
+            if vm.relay is not None and vm.relay.fd >= 0:
+                os.close(vm.relay.fd)
+        if self._reserve is not None:
+            os.close(self._reserve)
+        if self._spawning is not None:  # this VM's own relay: its write end stays
+            os.close(self._spawning.fd)
 
     # -- connections -------------------------------------------------------------
 
     def _accept(self, mask: int) -> None:
-        while True:
+        while self._accepting:
             try:
                 sock, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as err:
                 if err.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    return  # try again on the next event
-                raise
+                    self._out_of_fds(err)
+                return  # (ECONNABORTED and the like: that client is gone)
+            self._pause_logged = False
+            refusal = self._refusal(sock)
+            if refusal is not None:
+                _refuse(sock, *refusal)
+                continue
             sock.setblocking(False)
             conn = Conn(sock)
             self.conns.add(conn)
             self.selector.register(sock, 1, lambda m, c=conn: self._readable(c))
+            self._after(self.limits.request_timeout, lambda c=conn: self._too_slow(c))
+
+    def _refusal(self, sock: socket.socket) -> tuple[int, str] | None:
+        """Why this connection is not served, if it is not: its user, or
+        the launcher's connection limit."""
+        try:
+            uid = peer_uid(sock)
+        except OSError as err:
+            return 400, f"pyvmm: who is connecting cannot be told: {err.strerror}"
+        if not trusted(uid, self.limits.allow_uids):
+            return 403, (
+                f"pyvmm: uid {uid} may not use this launcher (it serves root, uid "
+                f"{os.geteuid()} and those of pyvmm serve --allow-uid)"
+            )
+        if len(self.conns) >= self.limits.max_connections:
+            return 503, (
+                f"pyvmm: the launcher has {len(self.conns)} connections open "
+                "(pyvmm serve --max-connections): try again later"
+            )
+        return None
+
+    _pause_logged = False
+
+    def _out_of_fds(self, err: OSError) -> None:
+        """accept(2) fails but the listener stays readable: say so to the
+        waiting client (through the reserve fd), then stop polling the
+        listener for a while instead of spinning on it."""
+        if self._reserve is not None:
+            os.close(self._reserve)
+            self._reserve = None
+            with contextlib.suppress(OSError):
+                sock, _ = self.listener.accept()
+                why = f"pyvmm: the launcher is out of file descriptors ({err.strerror})"
+                _refuse(sock, 503, why)
+            self._reserve = _reserve_fd()
+        if not self._pause_logged:
+            self._pause_logged = True
+            _log(f"launcher: cannot accept ({err.strerror}): pausing {ACCEPT_PAUSE} s at a time")
+        self._accepting = False
+        self.selector.unregister(self.listener)
+        self._after(ACCEPT_PAUSE, self._resume_accepting)
+
+    def _resume_accepting(self) -> None:
+        if not self._accepting and self.listener.fileno() >= 0:
+            if self._reserve is None:
+                self._reserve = _reserve_fd()
+            self._accepting = True
+            self.selector.register(self.listener, 1, self._accept)
+
+    def _too_slow(self, conn: Conn) -> None:
+        """The request timeout: a request not yet in gets 408; an answer
+        not yet taken is dropped. A request waiting for its VM stays."""
+        if conn not in self.conns:
+            return
+        if not conn.done:
+            if conn.reader is not None:
+                seconds = self.limits.request_timeout
+                self._respond(conn, 408, error_body(f"the request did not arrive in {seconds} s"))
+        elif conn.out:
+            self._drop(conn)
 
     def _readable(self, conn: Conn) -> None:
         try:
@@ -292,45 +397,47 @@ class Launcher:
             return
         except OSError:
             data, ancillary, flags = b"", [], 0
-        for level, kind, payload in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds = array.array("i")
-                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-                conn.fds += fds.tolist()
-        if not data:  # the client went away (a waiting one too)
+        fds = _passed_fds(ancillary)
+        if conn.reader is None or conn.done:
+            # A request is being answered: more bytes are ignored, more fds closed.
+            _close_fds(fds)
+            if not data:  # the client went away (a waiting one too)
+                self._drop(conn)
+            return
+        conn.fds += fds
+        if not data:
             self._drop(conn)
             return
-        if conn.reader is None:
-            return  # a request is being answered: more bytes are ignored
         if conn.arrived_ns is None:
             conn.arrived_ns = time.monotonic_ns()
         try:
-            if flags & socket.MSG_CTRUNC:
-                raise HttpError(400, f"at most {_RECV_FDS} file descriptors per request")
+            if flags & socket.MSG_CTRUNC or len(conn.fds) > MAX_FDS:
+                raise HttpError(400, f"at most {MAX_FDS} file descriptors (stdout, stderr)")
             request = conn.reader.feed(data)
             if request is None:
                 self._continue(conn)
                 return
         except HttpError as err:
-            self._respond(conn, err.status, {"error": str(err)})
+            _close_fds(conn.fds)
+            conn.fds.clear()
+            self._respond(conn, err.status, err.body())
             return
         conn.reader = None
         request.fds, conn.fds = conn.fds, []
         try:
             answer = self._dispatch(conn, request)
         except HttpError as err:
-            answer = (err.status, {"error": str(err)})
+            answer = (err.status, err.body())
         except Exception as err:  # a launcher bug: this request fails, serving goes on
-            answer = (500, {"error": f"pyvmm: internal error: {type(err).__name__}: {err}"})
+            answer = (500, error_body(f"pyvmm: internal error: {type(err).__name__}: {err}"))
         finally:
-            for fd in request.fds:
-                os.close(fd)
+            _close_fds(request.fds)
         if answer is not None:
             self._respond(conn, *answer)
 
     def _continue(self, conn: Conn) -> None:
         """curl waits for "100 Continue" before a large body."""
-        head = conn.reader._head if conn.reader is not None else None
+        head = conn.reader.head if conn.reader is not None else None
         if head and not conn.continued and head[3].get("expect", "").lower() == "100-continue":
             conn.continued = True
             with contextlib.suppress(OSError):
@@ -344,6 +451,7 @@ class Launcher:
         self._flush(conn)
         if conn.out:
             self.selector.modify(conn.sock, 2, lambda m, c=conn: self._flush(c))
+            self._after(self.limits.request_timeout, lambda c=conn: self._too_slow(c))
 
     def _flush(self, conn: Conn) -> None:
         try:
@@ -365,43 +473,41 @@ class Launcher:
     # -- the API -----------------------------------------------------------------
 
     def _dispatch(self, conn: Conn, req: Request) -> tuple[int, Any] | None:
-        parts = [p for p in req.path.split("/") if p]
-        if not parts:
-            self._allow(req, "GET")
-            return 200, {"pyvmm": __version__, "pid": os.getpid(), "vms": len(self.vms)}
-        if parts == ["pool"]:
-            return self._pool(req)
-        if parts[0] != "vms" or len(parts) > 3:
-            raise HttpError(404, f"no such resource: {req.path}")
-        if len(parts) == 1:
-            if req.method == "GET":
-                return 200, {"vms": [vm.view() for vm in self.vms.values()]}
-            self._allow(req, "POST")
-            return self._create(conn, req)
-        vm = self.vms.get(parts[1])
-        if vm is None:
-            raise HttpError(404, f"no VM with id {parts[1]!r}")
-        action = parts[2] if len(parts) == 3 else ""
-        if action == "":
-            if req.method == "DELETE":
-                return self._stop(conn, vm, req, forget=True)
-            self._allow(req, "GET")
-            return 200, vm.view()
-        if action == "stop":
-            self._allow(req, "POST")
-            return self._stop(conn, vm, req, forget=False)
-        if action == "wait":
-            self._allow(req, "GET")
-            return self._wait(conn, vm)
-        if action == "stats":
-            self._allow(req, "GET")
-            return self._stats(conn, vm)
-        raise HttpError(404, f"no such resource: {req.path}")
+        operation, vm_id = route(req.method, req.path)
+        if operation == "info":
+            return 200, {
+                "pyvmm": __version__,
+                "api": API_VERSION,
+                "pid": os.getpid(),
+                "vms": len(self.vms),
+                "limits": self.limits.view(),
+            }
+        if operation == "openapi":
+            from pyvmm.serve.openapi import document
 
-    @staticmethod
-    def _allow(req: Request, method: str) -> None:
-        if req.method != method:
-            raise HttpError(405, f"{req.method} {req.path}: use {method}")
+            return 200, document()
+        if operation == "list_vms":
+            return 200, {"vms": [vm.view() for vm in self.vms.values()]}
+        if operation == "create_vm":
+            return self._create(conn, req)
+        if operation == "list_pools":
+            return 200, {"pools": [pool.view() for pool in self.pools.values()]}
+        if operation == "create_pool":
+            return self._pool(req)
+        if operation == "delete_pools":
+            return self._delete_pools()
+        vm = self.vms.get(vm_id or "")
+        if vm is None:
+            raise HttpError(404, f"no VM with id {(vm_id or '')[:80]!r}")
+        if operation == "get_vm":
+            return 200, vm.view()
+        if operation == "delete_vm":
+            return self._stop(conn, vm, req, forget=True)
+        if operation == "stop_vm":
+            return self._stop(conn, vm, req, forget=False)
+        if operation == "wait_vm":
+            return self._wait(conn, vm)
+        return self._stats(conn, vm)  # "vm_stats"
 
     def _create(self, conn: Conn, req: Request) -> None:
         if self.stopping:
@@ -415,10 +521,11 @@ class Launcher:
         if pool is not None and pool.ready:
             vm = self._start_pooled(pool, body, req.fds, arrived)
         else:
+            self._room_for_a_vm()
             prepared = prepare(body, req.fds, self.facts)
             self._last_create = {"argv": prepared.argv, "cwd": prepared.cwd}
             vm_id = self._new_id(prepared.id)
-            vm = spawn(vm_id, prepared, arrived, self.close_in_child)
+            vm = self._spawn(vm_id, prepared, arrived)
             self._track(vm)
         self.vms[vm.id] = vm
         # "wait": true answers at the end (the client's one connection).
@@ -426,6 +533,39 @@ class Launcher:
         self.waiters[vm.pid].append((conn, kind))
         vm.cpu_ns["launcher"] = time.thread_time_ns() - cpu
         return None
+
+    def _room_for_a_vm(self) -> None:
+        if len(self.live) >= self.limits.max_vms:
+            raise HttpError(
+                503,
+                f"pyvmm: the launcher runs {len(self.live)} VM processes already, pooled "
+                "ones included (pyvmm serve --max-vms)",
+            )
+
+    def _spawn(self, vm_id: str, prepared: Any, arrived: int) -> Vm:
+        """Fork the VM; one with no console of its own writes its stderr
+        through a relay that names it in the launcher's log (relay.py)."""
+        spec = prepared.spec
+        relay = None
+        if spec.stderr_path is None and not spec.fds and not spec.pooled:
+            relay = self._spawning = StderrRelay(vm_id)
+            spec.fds = [os.dup(1), relay.write_fd]
+        try:
+            vm = spawn(vm_id, prepared, arrived, self.close_in_child)
+        except BaseException:
+            if relay is not None:
+                relay.close()
+            raise
+        finally:
+            self._spawning = None
+            if relay is not None:
+                os.close(spec.fds[0])
+                relay.given()
+                spec.fds = []
+        vm.relay = relay
+        return vm
+
+    _spawning: StderrRelay | None = None
 
     def _new_id(self, vm_id: str | None) -> str:
         if vm_id is None:
@@ -442,20 +582,39 @@ class Launcher:
         self.stats_waiters[vm.pid] = deque()
         self.selector.register(vm.channel, 1, lambda m, v=vm: self._channel(v))
         self.selector.register(vm.pidfd, 1, lambda m, v=vm: self._reap(v))
+        if vm.relay is not None:
+            self._watch_relay(vm)
+
+    def _watch_relay(self, vm: Vm) -> None:
+        relay = vm.relay
+        assert relay is not None
+
+        def readable(mask: int) -> None:
+            if not relay.read():
+                self.selector.unregister(relay.fd)
+                relay.close()
+
+        self.selector.register(relay.fd, 1, readable)
+
+    def _close_relay(self, vm: Vm) -> None:
+        """Its last lines, then the pipe (once its process has ended)."""
+        relay, vm.relay = vm.relay, None
+        if relay is not None and relay.fd >= 0:
+            relay.read()
+            self.selector.unregister(relay.fd)
+            relay.close()
 
     # -- pools ---------------------------------------------------------------------
 
+    def _delete_pools(self) -> tuple[int, Any]:
+        for pool in self.pools.values():
+            for vm in pool.ready + pool.preparing:
+                self._signal(vm, signal.SIGTERM)
+                self._after(STOP_GRACE, lambda v=vm: self._signal(v, signal.SIGKILL))
+        self.pools.clear()
+        return 200, {"pools": []}
+
     def _pool(self, req: Request) -> tuple[int, Any]:
-        if req.method == "GET":
-            return 200, {"pools": [pool.view() for pool in self.pools.values()]}
-        if req.method == "DELETE":
-            for pool in self.pools.values():
-                for vm in pool.ready + pool.preparing:
-                    self._signal(vm, signal.SIGTERM)
-                    self._after(STOP_GRACE, lambda v=vm: self._signal(v, signal.SIGKILL))
-            self.pools.clear()
-            return 200, {"pools": []}
-        self._allow(req, "POST")
         if self.stopping:
             raise HttpError(503, "pyvmm: the launcher is stopping")
         body = req.json()
@@ -466,18 +625,26 @@ class Launcher:
             raise HttpError(400, "a pool takes argv and cwd (ids and consoles come with a create)")
         prepare(body, [], self.facts)  # the command's errors, now
         key = pool_key(body)
+        if key not in self.pools and len(self.pools) >= self.limits.max_pools:
+            raise HttpError(
+                503,
+                f"pyvmm: the launcher has {len(self.pools)} pools already (pyvmm serve "
+                "--max-pools): DELETE /pool first",
+            )
         pool = self.pools.setdefault(key, Pool(key, size))
         pool.size, pool.error = size, None
         self._fill(pool)
         return 201, pool.view()
 
     def _fill(self, pool: Pool) -> None:
-        """Prepare VMs until the pool holds its size (not while stopping)."""
+        """Prepare VMs until the pool holds its size (not while stopping,
+        nor beyond the launcher's VM limit: then the pool says so)."""
         if self.stopping or self.pools.get(pool.key) is not pool:
             return
         argv, cwd = pool.key
         while len(pool.ready) + len(pool.preparing) < pool.size:
             try:
+                self._room_for_a_vm()
                 prepared = prepare({"argv": list(argv), "cwd": cwd}, [], self.facts)
             except HttpError as err:
                 pool.error = str(err)
@@ -495,25 +662,35 @@ class Launcher:
 
         console: dict[str, Any] = {"arrived_ns": arrived}
         for key in ("stdout", "stderr"):
-            value = body.get(key)
+            value = optional_path(body, key)
             if value is not None:
-                if not isinstance(value, str) or not value or "\0" in value:
-                    raise HttpError(400, f'"{key}" must be a non-empty string')
                 console[key] = value
-        if len(fds) > 2:
-            raise HttpError(400, f"at most 2 file descriptors (stdout, stderr), got {len(fds)}")
-        vm_id = body.get("id")
-        if vm_id is not None and (not isinstance(vm_id, str) or not ID_OK.match(vm_id)):
-            raise HttpError(400, f'"id" must be 1-64 of [A-Za-z0-9_.-], not {vm_id!r}')
-        vm_id = self._new_id(vm_id)
+        if len(fds) > MAX_FDS:
+            raise HttpError(400, f"at most {MAX_FDS} file descriptors (stdout, stderr)")
+        vm_id = self._new_id(checked_id(body))
+        message = b"go" + json.dumps(console).encode()
+        assert len(message) < MAX_MESSAGE  # (the paths' bound keeps it short)
+        relay = None
+        if "stderr" not in console and not fds:
+            relay = StderrRelay(vm_id)
+            fds = [os.dup(1), relay.write_fd]
         vm = pool.ready.pop(0)
         try:
-            socket.send_fds(vm.channel, [b"go" + json.dumps(console).encode()], fds)
+            socket.send_fds(vm.channel, [message], fds)
         except OSError as err:
             self._signal(vm, signal.SIGKILL)
+            if relay is not None:
+                relay.close()
             raise HttpError(503, f"pyvmm: a pooled VM did not take its start: {err}") from None
+        finally:
+            if relay is not None:
+                os.close(fds[0])
+                relay.given()
         vm.id, vm.listed, vm.pooled, vm.pool = vm_id, True, True, None
         vm.state, vm.arrived_ns, vm.refill = "starting", arrived, pool.key
+        if relay is not None:
+            vm.relay = relay
+            self._watch_relay(vm)
         return vm
 
     def _rehearse(self) -> None:
@@ -543,7 +720,7 @@ class Launcher:
         signum = STOP_REQUEST_SIGNALS.get(name) if isinstance(name, str) else None
         if signum is None:
             known = ", ".join(STOP_REQUEST_SIGNALS)
-            raise HttpError(400, f"signal: {name!r} is not one of {known}")
+            raise HttpError(400, f"signal: {repr(name)[:40]} is not one of {known}")
         if vm.state == "exited":
             if forget:
                 del self.vms[vm.id]
@@ -567,7 +744,9 @@ class Launcher:
     def _stats(self, conn: Conn, vm: Vm) -> tuple[int, Any] | None:
         if vm.state == "exited":
             if vm.final is None:
-                raise HttpError(409, f"VM {vm.id} ended before its guest ran: no counters")
+                raise HttpError(
+                    409, f"VM {vm.id} ended before its guest ran: no counters", vm.exit_status
+                )
             return 200, vm.final
         if vm.state != "running":
             raise HttpError(409, f"VM {vm.id} is {vm.state}: no counters yet")
@@ -580,7 +759,7 @@ class Launcher:
         def too_late() -> None:
             if not conn.done:
                 late = f"VM {vm.id} did not answer in {STATS_TIMEOUT} s"
-                self._respond(conn, 504, {"error": late})
+                self._respond(conn, 504, error_body(late))
 
         self._after(STATS_TIMEOUT, too_late)
         return None
@@ -588,12 +767,11 @@ class Launcher:
     # -- the VMs' processes ------------------------------------------------------
 
     def _channel(self, vm: Vm) -> None:
-        """What the child says (child.py's events)."""
-        import json
-
+        """What the child says (child.py's events), each checked first
+        (events.py): a message that is not one ends that VM, nothing else."""
         while vm.channel.fileno() >= 0:
             try:
-                packet = vm.channel.recv(1 << 20)
+                packet = vm.channel.recv(MAX_MESSAGE + 1)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -603,15 +781,30 @@ class Launcher:
                 vm.channel.close()
                 return
             try:
-                event = json.loads(packet)
+                event = parse_event(packet)
+            except BadMessage as err:
+                self._bad_message(vm, str(err))
+                return
+            try:
                 self._event(vm, event["event"], event)
-            except (ValueError, KeyError, TypeError):
-                continue  # a child is not trusted to speak well
+            except Exception as err:  # a launcher bug: that VM goes, serving goes on
+                self._bad_message(vm, f"internal error: {type(err).__name__}: {err}")
+                return
+
+    def _bad_message(self, vm: Vm, why: str) -> None:
+        """A VM's process that says what no VM's process says (its guest
+        may have taken over its VMM): logged, ended, its channel closed."""
+        _log(f"vm {vm.id} (pid {vm.pid}): a malformed message from its process ({why}): ended")
+        vm.error = f"pyvmm: the VM's process sent a malformed message ({why}): ended"
+        self._signal(vm, signal.SIGKILL)
+        if vm.channel.fileno() >= 0:
+            self.selector.unregister(vm.channel)
+            vm.channel.close()
 
     def _event(self, vm: Vm, kind: str, event: dict[str, Any]) -> None:
         if kind == "running":
             vm.times.update(event["times"])
-            vm.cpu_ns["child"] = int(event["cpu_ns"])
+            vm.cpu_ns["child"] = event["cpu_ns"]
             vm.state = "running"
             self._answer(vm, "create", 201)
             if not vm.pooled:
@@ -627,14 +820,14 @@ class Launcher:
                 pool.ready.append(vm)
                 vm.state = "ready"
         elif kind == "error":
-            vm.error = str(event["message"])
+            vm.error = event["message"]
             pool = self.pools.get(vm.pool) if vm.pool else None
             if pool is not None:
                 pool.error = vm.error
             if vm.state == "starting":
                 vm.listed = False
-                status = 500 if event.get("internal") else 400
-                body = {"error": vm.error, "exit_status": event.get("status")}
+                status = 500 if event["internal"] else 400
+                body = error_body(vm.error, event["status"])
                 self._answer(vm, "create", status, body)
                 self._answer(vm, "create+wait", status, body)
                 self._refill(vm)
@@ -646,12 +839,12 @@ class Launcher:
                     if "report" in event:
                         self._respond(conn, 200, event["report"])
                     else:
-                        self._respond(conn, 503, {"error": str(event.get("error"))})
+                        self._respond(conn, 503, error_body(event["error"]))
                     break
         elif kind == "final":
             vm.final = event["report"]
         elif kind == "imports":
-            vm.imported_after_fork = list(event["imported_after_fork"])
+            vm.imported_after_fork = event["imported_after_fork"]
 
     def _answer(self, vm: Vm, kind: str, status: int, body: Any = None) -> None:
         """Answer (and forget) the requests of ``kind`` waiting on ``vm``."""
@@ -664,7 +857,8 @@ class Launcher:
         self.waiters[vm.pid] = keep
 
     def _reap(self, vm: Vm) -> None:
-        self._channel(vm)  # its last words first
+        if vm.channel.fileno() >= 0:
+            self._channel(vm)  # its last words first
         _, wait_status = os.waitpid(vm.pid, 0)
         vm.exit_status, vm.signal = describe_status(wait_status)
         vm.state = "exited"
@@ -673,6 +867,7 @@ class Launcher:
         if vm.channel.fileno() >= 0:
             self.selector.unregister(vm.channel)
             vm.channel.close()
+        self._close_relay(vm)
         del self.live[vm.pid]
         pool = self.pools.get(vm.pool) if vm.pool else None
         if pool is not None:
@@ -687,14 +882,15 @@ class Launcher:
                 how = f"killed by {vm.signal}" if vm.signal else f"status {vm.exit_status}"
                 vm.error = vm.error or f"pyvmm: the VM's process ended before its guest ran ({how})"
                 vm.listed = False
-                self._respond(conn, 500, {"error": vm.error})
+                self._respond(conn, 500, error_body(vm.error, vm.exit_status))
             else:
                 self._respond(conn, 200, vm.view())
         for conn in self.stats_waiters.pop(vm.pid, ()):
             if vm.final is not None:
                 self._respond(conn, 200, vm.final)
             else:
-                self._respond(conn, 409, {"error": f"VM {vm.id} ended before its guest ran"})
+                ended = f"VM {vm.id} ended before its guest ran"
+                self._respond(conn, 409, error_body(ended, vm.exit_status))
         if forget or not vm.listed:
             self.vms.pop(vm.id, None)
         self._trim()
@@ -705,17 +901,72 @@ class Launcher:
             del self.vms[vm_id]
 
 
-def serve(path: str) -> int:
+def _log(line: str) -> None:
+    import sys
+
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(f"pyvmm: {line}\n")
+        sys.stderr.flush()
+
+
+def _reserve_fd() -> int | None:
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _refuse(sock: socket.socket, status: int, message: str) -> None:
+    """Answer a connection that is not served, without waiting, and close it."""
+    with contextlib.suppress(OSError):
+        sock.setblocking(False)
+        sock.send(http.response(status, error_body(message)))
+    sock.close()
+
+
+def _passed_fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    fds = array.array("i")
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return fds.tolist()
+
+
+def _close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _check_directory(path: str) -> None:
+    """The socket's directory: nobody but root and this user may write it
+    unless it is sticky (/tmp), else another user could put a socket of
+    their own in the launcher's place."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        info = os.stat(directory)
+    except OSError as err:
+        raise PyvmmError(f"--api-sock={path}: {directory}: {err.strerror}") from None
+    if info.st_uid not in (0, os.geteuid()):
+        raise PyvmmError(
+            f"--api-sock={path}: {directory} belongs to uid {info.st_uid}: "
+            "put the socket in a directory of root's or the launcher's user"
+        )
+    if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+        raise PyvmmError(
+            f"--api-sock={path}: {directory} is writable by others (mode "
+            f"{stat.S_IMODE(info.st_mode):04o}): another user could replace the socket"
+        )
+
+
+def serve(path: str, limits: Limits | None = None) -> int:
     """``pyvmm serve --api-sock PATH``: warm up, listen, serve."""
     from pyvmm.serve.warm import warm_up
 
     facts = warm_up()
     Launcher.take_signals()  # before the socket exists: it is always removed
-    launcher = Launcher(path, facts)
-    import sys
-
-    sys.stderr.write(f"pyvmm: launcher {os.getpid()} listening on {path}\n")
-    sys.stderr.flush()
+    launcher = Launcher(path, facts, limits)
+    _log(f"launcher {os.getpid()} listening on {path}")
     status = launcher.serve()
-    sys.stderr.write(f"pyvmm: {stop_message(launcher.stopping)}\n")
+    _log(f"launcher {os.getpid()}: {stop_message(launcher.stopping)}")
     return status

@@ -26,11 +26,14 @@ from pyvmm.errors import PyvmmError, UsageError
 from pyvmm.plan import make_plan
 from pyvmm.serve import child
 from pyvmm.serve.http import HttpError
+from pyvmm.serve.relay import StderrRelay
 from pyvmm.serve.warm import HostFacts, precompute
 
-ID_OK = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+ID_OK = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # (fullmatch: no "$", which takes a "\n")
 #: Passed fds a request may carry: the guest's console and pyvmm's stderr.
 MAX_FDS = 2
+#: The longest path a request may name (PATH_MAX less its NUL).
+MAX_PATH = 4095
 
 
 @dataclass
@@ -64,6 +67,9 @@ class Vm:
     pooled: bool = False
     #: The pool to refill once this pooled VM has started.
     refill: tuple | None = None
+    #: Its stderr copied to the launcher's log, named (relay.py), if it has
+    #: no console of its own.
+    relay: StderrRelay | None = None
 
     @property
     def start_latency_us(self) -> float | None:
@@ -123,10 +129,27 @@ def _strings(body: dict[str, Any], key: str) -> list[str]:
     return value
 
 
-def _optional_str(body: dict[str, Any], key: str) -> str | None:
+def checked_id(body: dict[str, Any]) -> str | None:
+    """The request's "id", if given: 1-64 of [A-Za-z0-9_.-]."""
+    vm_id = body.get("id")
+    if vm_id is not None and (not isinstance(vm_id, str) or not ID_OK.fullmatch(vm_id)):
+        shown = repr(vm_id)[:80]
+        raise HttpError(400, f'"id" must be 1-64 of [A-Za-z0-9_.-], not {shown}')
+    return vm_id
+
+
+def optional_path(body: dict[str, Any], key: str) -> str | None:
+    """A path in the request ("cwd", "stdout", "stderr"), if given: a
+    string the kernel could take as a path. Its length is bounded here,
+    with the request's answer, so that it also fits in the message that
+    hands a pooled VM its console."""
     value = body.get(key)
-    if value is not None and (not isinstance(value, str) or not value or "\0" in value):
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or "\0" in value:
         raise HttpError(400, f'"{key}" must be a non-empty string')
+    if len(value.encode("utf-8", "surrogateescape")) > MAX_PATH:
+        raise HttpError(400, f'"{key}" is longer than {MAX_PATH} bytes (PATH_MAX)')
     return value
 
 
@@ -143,7 +166,7 @@ class Prepared:
 
 def pool_key(body: dict[str, Any]) -> tuple[tuple[str, ...], str | None]:
     """What a pool and a create must share: the command line and directory."""
-    return tuple(_strings(body, "argv")), _optional_str(body, "cwd")
+    return tuple(_strings(body, "argv")), optional_path(body, "cwd")
 
 
 def prepare(body: dict[str, Any], fds: list[int], facts: HostFacts) -> Prepared:
@@ -153,10 +176,8 @@ def prepare(body: dict[str, Any], fds: list[int], facts: HostFacts) -> Prepared:
     if unknown:
         raise HttpError(400, f"unknown key {unknown[0]!r} (known: {', '.join(sorted(KNOWN_KEYS))})")
     argv = _strings(body, "argv")
-    vm_id = _optional_str(body, "id")
-    if vm_id is not None and not ID_OK.match(vm_id):
-        raise HttpError(400, f'"id" must be 1-64 of [A-Za-z0-9_.-], not {vm_id!r}')
-    cwd = _optional_str(body, "cwd")
+    vm_id = checked_id(body)
+    cwd = optional_path(body, "cwd")
     if len(fds) > MAX_FDS:
         raise HttpError(400, f"at most {MAX_FDS} file descriptors (stdout, stderr), got {len(fds)}")
     try:
@@ -178,8 +199,8 @@ def prepare(body: dict[str, Any], fds: list[int], facts: HostFacts) -> Prepared:
         plan=plan,
         log_level=cmd.log_level,
         notes=notes.lines,
-        stdout_path=_optional_str(body, "stdout"),
-        stderr_path=_optional_str(body, "stderr"),
+        stdout_path=optional_path(body, "stdout"),
+        stderr_path=optional_path(body, "stderr"),
         fds=fds,
         cwd=cwd,
         trace=getattr(cmd, "trace", None),
