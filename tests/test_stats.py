@@ -166,7 +166,7 @@ def test_python_api_exit_status_and_options():
 
 def test_python_api_reports_errors_as_the_cli_does(tmp_path):
     with pytest.raises(
-        UsageError, match=r"^Malformed argument to --mem: 'x' is not a positive integer$"
+        UsageError, match=r"^Malformed argument to mem: 'x' is not a positive integer$"
     ):
         Guest(guest("hello"), mem="x")
     with pytest.raises(LoaderError, match="Could not open"):
