@@ -3,10 +3,11 @@
  * once set-up is over (pyvmm/sandbox.py has the allow list and says why
  * each call is there; docs/security.md).  Built with libseccomp.
  *
- * Two steps, so that the costly one is done once: building compiles the
- * rules into a BPF program (about 2 ms of libseccomp here); loading puts a
- * program on the process.  The warm launcher (pyvmm serve) builds before
- * it forks and each VM's child only loads; the command does both.
+ * Three steps, so that the costly one is done once: building compiles the
+ * rules into a BPF program (about 2 ms of libseccomp here); binding writes
+ * the process's own pid and fds into a copy of it; loading puts it on the
+ * process.  The warm launcher (pyvmm serve) builds before it forks and
+ * each VM's child only binds and loads; the command does all three.
  */
 #ifndef PYVMM_SANDBOX_H
 #define PYVMM_SANDBOX_H
@@ -21,21 +22,38 @@
 
 /*
  * Compile the filter into prog[0..size): the calls named in names[0..n)
- * are allowed, plus openat/open only without write or create flags,
- * mprotect/mmap only without PROT_EXEC and ioctl only for KVM's requests
- * and two terminal queries; everything else gets `action`.  Names this
- * architecture does not have are skipped.  Returns the program's length
- * in bytes, or -errno (-ENOSPC: size is too small).
+ * are allowed, plus some only with certain arguments (sandbox.c: tgkill to
+ * this process, the affinity of the calling thread, a few fcntl commands,
+ * MADV_DONTNEED, mmap/mprotect without PROT_EXEC, ioctl: KVM's requests
+ * on the vCPU fd, KVM_IOEVENTFD on the VM fd, two terminal queries);
+ * everything else gets `action`.  Names this architecture does not have
+ * are skipped.  Returns the program's length in bytes, or -errno
+ * (-ENOSPC: size is too small).
+ *
+ * The program names the pid and the fds by placeholders: bind it before
+ * loading it.
  */
 int pyvmm_sandbox_build(const char *const *names, int n, int action,
                         void *prog, int size);
 
 /*
- * Load a program pyvmm_sandbox_build made: no_new_privs is set, then the
- * filter goes on every thread (SECCOMP_FILTER_FLAG_TSYNC), without forcing
- * the speculative store bypass mitigation (SECCOMP_FILTER_FLAG_SPEC_ALLOW,
- * where the kernel has it).  Returns 0 or -errno (-ESRCH: a thread could
- * not be synchronised).
+ * Write this process's values over a built program's placeholders, in
+ * place: its pid (getpid()), its VM's fd and its vCPU's fd.  seccomp
+ * compares numbers, not files: the rules hold for whatever those numbers
+ * are, which is why the filter also keeps the process from making new
+ * fds (no open, dup, socket or KVM_CREATE_*: nothing can take a number the
+ * rules name once the VM's or vCPU's is closed).  Returns 0, -EINVAL (a
+ * placeholder is missing: not a program of pyvmm_sandbox_build, or bound
+ * already) or -EBADF (a negative fd, a pid <= 0).
+ */
+int pyvmm_sandbox_bind(void *prog, int len, int pid, int vm_fd, int vcpu_fd);
+
+/*
+ * Load a bound program: no_new_privs is set, then the filter goes on every
+ * thread (SECCOMP_FILTER_FLAG_TSYNC), without forcing the speculative
+ * store bypass mitigation (SECCOMP_FILTER_FLAG_SPEC_ALLOW, where the kernel
+ * has it).  Returns 0 or -errno (-EINVAL: not a whole program, or one
+ * still unbound; -ESRCH: a thread could not be synchronised).
  */
 int pyvmm_sandbox_load(const void *prog, int len);
 

@@ -243,7 +243,7 @@ class Vmm:
             if self.config.user:
                 sandbox.drop_privileges(self.config.user)
             if self.config.sandbox:
-                sandbox.install()
+                sandbox.install(kvm_fd=self.system.fd, vm_fd=self.vm.fd, vcpu_fd=self.vcpu.fd)
                 trace.mark("sandbox (seccomp filter)")
             return self._loop()
         finally:
