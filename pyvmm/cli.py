@@ -542,12 +542,14 @@ def usage() -> str:
 
 def _columns(left: str, text: str, column: int) -> list[str]:
     """``left`` indented by 2, ``text`` from ``column`` on, every line at
-    most HELP_WIDTH wide: the text's own line breaks are kept, a line too
-    long for the width is wrapped."""
-    import textwrap
-
+    most HELP_WIDTH wide: the text's own line breaks are kept where every
+    line fits, else the whole text is wrapped anew."""
     width = HELP_WIDTH - column
-    body = [part for line in text.split("\n") for part in textwrap.wrap(line, width) or [""]]
+    body = text.split("\n")
+    if max(len(line) for line in body) > width:
+        import textwrap
+
+        body = textwrap.wrap(" ".join(text.split()), width)
     first, *rest = body
     if len(left) > column - 3:
         out = [f"  {left}"]
