@@ -63,7 +63,34 @@ def tap(ns: NetNamespace) -> Iterator[TapBackend]:
     with ns.inside():
         backend = TapBackend.open("tap100")
     with backend:
+        wait_until_frames_pass(ns, backend, "tap100")
         yield backend
+
+
+def wait_until_frames_pass(ns: NetNamespace, tap: TapBackend, ifname: str) -> None:
+    """Return once a frame sent on the link reaches ``tap``, the probes read.
+
+    The kernel turns a tap's carrier on when a reader attaches, but starts
+    its transmit queue later, from a work item (linkwatch) that a loaded
+    machine runs tens of milliseconds late; a frame sent meanwhile is
+    dropped. So a probe is sent until one arrives, and every frame read
+    (probes, anything else) is discarded before the test starts.
+    """
+    probe = make_frame(b"probe: the queue runs")
+    buf = bytearray(tap.mtu + 14)
+    deadline = time.monotonic() + 30  # a hang bound
+    with packet_socket(ns, ifname) as sender:
+        while time.monotonic() < deadline:
+            sender.send(probe)
+            select.select([tap.fileno()], [], [], 0.05)
+            n = tap.read_into(memoryview(buf))
+            if n is not None and bytes(buf[:n]) == probe:
+                break
+        else:
+            raise AssertionError(f"no frame sent on {ifname} reached its tap in 30 s")
+    time.sleep(0.05)  # probes still on their way
+    while tap.read_into(memoryview(buf)) is not None:
+        pass
 
 
 def make_frame(payload: bytes = b"pyvmm tap test") -> bytes:
@@ -232,6 +259,7 @@ def test_open_gives_bare_frames_even_if_tap_was_created_with_packet_info(
         backend = TapBackend.open("tap101")
     frame = make_frame(b"no header please")
     with backend, packet_socket(ns, "tap101") as sender:
+        wait_until_frames_pass(ns, backend, "tap101")
         sender.send(frame)
         assert receive(backend, frame) == frame
 
