@@ -3,8 +3,9 @@
 What ``--stats``/``--stats-json`` show and ``Vmm.counters()`` returns
 (docs/stats.md has the schema): VM exits that reached pyvmm by reason
 (whether C or Python answered them), hypercalls by name, what the C fast
-path answered, frames the hypercall path dropped, KVM's own per-vCPU
-statistics, the IO thread's ring counters and each thread's CPU time.
+path answered, frames the hypercall path dropped, each tap's own kernel
+counters, KVM's own per-vCPU statistics, the IO thread's ring counters and
+each thread's CPU time.
 """
 
 from __future__ import annotations
@@ -98,10 +99,10 @@ def fast_path_counters(fast_path: Any) -> dict[str, int] | None:
     return {name: getattr(fast_path, name) for name in FAST_PATH_COUNTERS}
 
 
-def tap_drops(devices: list[Any], fast_path: Any) -> dict[str, int] | None:
+def tap_drops(counted: list[dict[str, int]], fast_path: Any) -> dict[str, int] | None:
     """Frames the plain hypercall path dropped, C and Python alike: too long
-    for the guest's buffer, or refused by a full tap."""
-    counted = [d.counters() for d in devices]
+    for the guest's buffer, or refused by a full tap (``counted``: every
+    device's ``counters()``)."""
     counted = [c for c in counted if "rx_oversize" in c]
     if not counted:
         return None
@@ -111,6 +112,19 @@ def tap_drops(devices: list[Any], fast_path: Any) -> dict[str, int] | None:
         rx += fast_path.rx_dropped
         tx += fast_path.tx_dropped
     return {"rx_oversize": rx, "tx": tx}
+
+
+def taps(devices: list[Any], counted: list[dict[str, int]]) -> dict[str, dict[str, int]] | None:
+    """Each net device's tap as the kernel counts it, since pyvmm attached
+    it: frames and bytes it handed to pyvmm (``tx_*``: a tap transmits to
+    its reader) and took from it (``rx_*``), and what it dropped
+    (``tx_dropped``: frames for the guest nobody read in time)."""
+    out = {}
+    for device, c in zip(devices, counted, strict=True):
+        kernel = {k[4:]: v for k, v in c.items() if k.startswith("tap_")}
+        if kernel:
+            out[device.name] = kernel
+    return out or None
 
 
 def report(
@@ -139,9 +153,13 @@ def report(
         out["traps"] = traps
     if fast_path is not None:
         out["hypercalls_in_c"] = fast_path_counters(fast_path)
-    drops = tap_drops(devices, fast_path)
+    counted = [d.counters() for d in devices]
+    drops = tap_drops(counted, fast_path)
     if drops is not None:
         out["tap_drops"] = drops
+    kernel = taps(devices, counted)
+    if kernel is not None:
+        out["taps"] = kernel
     if kvm is not None:
         out["kvm"] = kvm
     if net_service is not None:

@@ -1,15 +1,17 @@
 """Counters for people and programs: the live view, the summary, JSON lines.
 
-``--stats`` prints a human summary on stderr at exit; ``--stats=1s`` also
-one line of rates per interval while the guest runs; ``--stats-json=FILE``
-(``-``: stdout) writes the snapshot (stats.py, docs/stats.md) at exit and,
-with an interval, one JSON object per line per interval. SIGUSR1 prints the
-current counters in the human form and the guest runs on.
+``--stats`` prints a human summary on stderr at exit; ``--stats=1s`` also a
+table of rates, one row per interval under a header that repeats (as
+vmstat's does); ``--stats-json=FILE`` (``-``: standard error, since standard
+output is the guest's console) writes the snapshot (stats.py, docs/stats.md)
+at exit and, with an interval, one JSON object per line per interval.
+SIGUSR1 prints the current counters in the human form and the guest runs on.
 
 A sampling thread reads the counters while the vCPU thread is inside
 KVM_RUN (cffi releases the GIL there): the fast path's and the IO thread's
 counters are plain 64-bit fields written by one thread each, KVM's come
-from its stats fd, so reading them needs no lock.
+from its stats fd, a tap's from the kernel over netlink, so reading them
+needs no lock.
 """
 
 from __future__ import annotations
@@ -20,14 +22,23 @@ import re
 import stat
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import IO, Any
 
+from pyvmm import trace
 from pyvmm.errors import UsageError
 
 Snapshot = dict[str, Any]
 
 _INTERVAL = r"^([0-9]+(?:\.[0-9]+)?)(ms|s)?$"  # compiled when --stats has an interval
+
+#: The live view prints its header again after this many rows.
+HEADER_EVERY = 20
+#: Every line of the live view (header and rows) starts with this.
+LIVE_PREFIX = "pyvmm: "
+#: A row or header line of the live view, to tell them from pyvmm's other lines.
+LIVE_LINE = r"^pyvmm: (-|\s*s |\s*[0-9]+\.[0-9] )"
 
 
 def parse_interval(option: str, text: str) -> float:
@@ -41,13 +52,28 @@ def parse_interval(option: str, text: str) -> float:
     return value
 
 
+def is_live_line(line: str) -> bool:
+    """Whether ``line`` (of pyvmm's stderr) belongs to the live view."""
+    return re.match(LIVE_LINE, line) is not None
+
+
 # -- reading a snapshot ------------------------------------------------------------
 
 
+def _tap_drops(kernel: dict[str, int] | None) -> dict[str, int]:
+    """A tap's own drops, by direction as the guest sees it."""
+    if not kernel:
+        return {}
+    return {"tap_to_guest": kernel["tx_dropped"], "tap_from_guest": kernel["rx_dropped"]}
+
+
 def net_devices(snap: Snapshot) -> dict[str, dict[str, int]]:
-    """Per net device: frames and bytes each way and drops by cause,
-    whichever path moved them (shmstream rings or Solo5's ring; the
-    hypercall path is counted per run under "hypercalls")."""
+    """Per net device: frames and bytes to the guest (``rx``) and from it
+    (``tx``), pyvmm's own drops by cause (``drops_*``) and the tap's
+    (``tap_to_guest``, ``tap_from_guest``), whichever path moved the frames:
+    shmstream's rings (per device), Solo5's ring (one for every device) or
+    the hypercalls (the tap's own counts: the frames pyvmm read and wrote)."""
+    taps = snap.get("taps") or {}
     shm = snap.get("shmstream")
     if shm:
         return {
@@ -59,24 +85,63 @@ def net_devices(snap: Snapshot) -> dict[str, dict[str, int]]:
                 "drops_full": c["rx_drops_full"],
                 "drops_oversize": c["rx_drops_oversize"],
                 "drops_bad": c["rx_bad_index"] + c["tx_bad_index"] + c["tx_drops_bad_len"],
-                "drops_tap": c["tx_drops_backend"],
+                "drops_refused": c["tx_drops_backend"],
+                **_tap_drops(taps.get(name)),
             }
             for name, c in shm["devices"].items()
         }
     ring = snap.get("solo5_ring")
     if ring:
         r = ring["ring"]
+        kernel = {key: sum(t[key] for t in taps.values()) for key in ("tx_dropped", "rx_dropped")}
         return {
-            "ring": {
+            next(iter(taps)) if len(taps) == 1 else "ring": {
                 "rx_frames": r["reads"],
                 "rx_bytes": r["read_bytes"],
                 "tx_frames": r["writes"],
                 "tx_bytes": r["write_bytes"],
                 "drops_oversize": r.get("read_drops_oversize", 0),
                 "drops_bad": r["bad_entries"] + r["bad_index"],
+                **_tap_drops(kernel if taps else None),
             }
         }
-    return {}
+    # The hypercall path: pyvmm's drops are counted for all devices at once,
+    # so they are a device's only when it is the only one.
+    hypercall = snap.get("tap_drops") or {}
+    own = (
+        {"drops_oversize": hypercall["rx_oversize"], "drops_refused": hypercall["tx"]}
+        if hypercall and len(taps) == 1
+        else {}
+    )
+    return {
+        name: {
+            "rx_frames": t["tx_packets"],
+            "rx_bytes": t["tx_bytes"],
+            "tx_frames": t["rx_packets"],
+            "tx_bytes": t["rx_bytes"],
+            **own,
+            **_tap_drops(t),
+        }
+        for name, t in taps.items()
+    }
+
+
+def pyvmm_drops(snap: Snapshot) -> int:
+    """Every frame pyvmm itself dropped, on any path and device."""
+    total = sum((snap.get("tap_drops") or {}).values())
+    for c in (snap.get("shmstream") or {}).get("devices", {}).values():
+        total += (
+            c["rx_drops_full"]
+            + c["rx_drops_oversize"]
+            + c["rx_bad_index"]
+            + c["tx_bad_index"]
+            + c["tx_drops_bad_len"]
+            + c["tx_drops_backend"]
+        )
+    ring = (snap.get("solo5_ring") or {}).get("ring")
+    if ring:
+        total += ring.get("read_drops_oversize", 0) + ring["bad_entries"] + ring["bad_index"]
+    return total
 
 
 def _thread(snap: Snapshot) -> dict[str, int]:
@@ -92,21 +157,26 @@ def _flat(snap: Snapshot) -> dict[str, float]:
     for name, dev in net_devices(snap).items():
         for key, value in dev.items():
             flat[f"{name}.{key}"] = value
+    flat["drops.pyvmm"] = pyvmm_drops(snap)
+    flat["drops.tap"] = sum(
+        t["tx_dropped"] + t["rx_dropped"] for t in (snap.get("taps") or {}).values()
+    )
+    reached = sum(snap.get("exits_to_pyvmm", {}).values())
+    flat["exits.pyvmm"] = reached
+    flat["exits.python"] = reached - (snap.get("hypercalls_in_c") or {}).get("answered", 0)
+    kvm = snap.get("kvm") or {}
+    if "exits" in kvm:
+        flat["exits.kvm"] = kvm["exits"]
     for name, value in snap.get("hypercalls", {}).items():
         flat[f"hc.{name}"] = value
-    for reason, value in snap.get("exits_to_pyvmm", {}).items():
-        flat[f"exit.{reason}"] = value
-    kvm = snap.get("kvm") or {}
-    for key in ("exits", "io_exits", "mmio_exits", "halt_exits", "signal_exits", "irq_exits"):
-        if key in kvm:
-            flat[f"kvm.{key}"] = kvm[key]
     thread = _thread(snap)
     for key in ("wakeups", "kicks", "sleeps", "busy_passes", "idle_spins", "cpu_ns"):
         if key in thread:
             flat[f"io.{key}"] = thread[key]
-    for shm_dev in (snap.get("shmstream") or {}).get("devices", {}).values():
-        flat["notify.sent"] = flat.get("notify.sent", 0) + shm_dev["notify_sent"]
-        flat["notify.suppressed"] = flat.get("notify.suppressed", 0) + shm_dev["notify_suppressed"]
+    if "shmstream" in snap:
+        flat["io.guest_wakeups"] = sum(
+            d["notify_sent"] for d in snap["shmstream"]["devices"].values()
+        )
     flat["vcpu.cpu_ns"] = snap.get("vcpu_thread_cpu_ns", 0)
     return flat
 
@@ -118,7 +188,104 @@ def rates(before: Snapshot, after: Snapshot) -> dict[str, float]:
     return {k: (v - a.get(k, 0)) / dt for k, v in b.items() if k != "seconds"}
 
 
-# -- human forms ---------------------------------------------------------------------
+# -- the live view -------------------------------------------------------------------
+
+
+class Column:
+    """One column of the live view: its group, its heading (with its unit)
+    and the rate it shows (``key`` in ``rates()``, divided by ``scale``)."""
+
+    def __init__(self, group: str, heading: str, key: str, scale: float = 1, width: int = 7):
+        self.group = group
+        self.heading = heading
+        self.key = key
+        self.scale = scale
+        self.width = max(width, len(heading))
+
+    def cell(self, r: dict[str, float]) -> str:
+        # One number format for every column: a whole number, right-aligned.
+        return f"{r.get(self.key, 0) / self.scale:>{self.width}.0f}"
+
+
+def columns(snap: Snapshot) -> list[Column]:
+    """The live view's columns for this run, fixed from its first snapshot:
+    the same columns on every row, whether their values are zero or not."""
+    cols = []
+    for name in net_devices(snap):
+        group = f"net {name}"
+        cols += [
+            Column(group, "rx fr/s", f"{name}.rx_frames"),
+            Column(group, "rx kB/s", f"{name}.rx_bytes", 1000),
+            Column(group, "tx fr/s", f"{name}.tx_frames"),
+            Column(group, "tx kB/s", f"{name}.tx_bytes", 1000),
+        ]
+    if snap.get("taps") or net_devices(snap):
+        cols += [
+            Column("dropped", "pyvmm/s", "drops.pyvmm"),
+            Column("dropped", "tap/s", "drops.tap"),
+        ]
+    if "kvm" in snap and "exits" in snap["kvm"]:
+        cols.append(Column("VM exits", "KVM/s", "exits.kvm"))
+    cols += [
+        Column("VM exits", "to pyvmm/s", "exits.pyvmm"),
+        Column("VM exits", "Python/s", "exits.python"),
+    ]
+    if _thread(snap):
+        cols += [
+            Column("IO thread", "kicks/s", "io.kicks"),
+            Column("IO thread", "epoll/s", "io.wakeups"),
+            Column("IO thread", "spins/s", "io.idle_spins", width=9),
+        ]
+        if "shmstream" in snap:
+            cols.append(Column("IO thread", "wake guest/s", "io.guest_wakeups"))
+    cols.append(Column("CPU", "vCPU %", "vcpu.cpu_ns", 1e7))
+    if _thread(snap):
+        cols.append(Column("CPU", "IO %", "io.cpu_ns", 1e7))
+    return cols
+
+
+_TIME_WIDTH = 8
+
+
+def header(cols: list[Column]) -> str:
+    """Two lines: the groups, as ``-----net service0-----`` over their
+    columns, then each column's heading with its unit."""
+    groups: list[tuple[str, int]] = [("time", _TIME_WIDTH)]
+    for col in cols:
+        if groups[-1][0] == col.group:
+            groups[-1] = (col.group, groups[-1][1] + 1 + col.width)
+        else:
+            groups.append((col.group, col.width))
+    top = " ".join(f" {name} ".center(width, "-") for name, width in groups)
+    names = " ".join([f"{'s':>{_TIME_WIDTH}}"] + [f"{c.heading:>{c.width}}" for c in cols])
+    return f"{LIVE_PREFIX}{top}\n{LIVE_PREFIX}{names}"
+
+
+def row(cols: list[Column], r: dict[str, float], at: float) -> str:
+    """One row: the time since the guest started, then each column's rate."""
+    return LIVE_PREFIX + " ".join([f"{at:>{_TIME_WIDTH}.1f}"] + [c.cell(r) for c in cols])
+
+
+class LiveView:
+    """The live view's lines: its columns fixed from the run's first
+    snapshot, a row of rates since the previous one per snapshot, and the
+    header before the first row and again every HEADER_EVERY rows."""
+
+    def __init__(self, first: Snapshot) -> None:
+        self.cols = columns(first)
+        self.before = first
+        self.rows = 0
+
+    def next(self, now: Snapshot) -> str:
+        line = row(self.cols, rates(self.before, now), now.get("seconds", 0.0))
+        if self.rows % HEADER_EVERY == 0:
+            line = header(self.cols) + "\n" + line
+        self.rows += 1
+        self.before = now
+        return line
+
+
+# -- the summary ---------------------------------------------------------------------
 
 
 #: KVM's own per-vCPU counts shown beside pyvmm's (KVM_GET_STATS_FD names).
@@ -132,58 +299,32 @@ KVM_EXIT_KINDS = (
     "pf_taken",
 )
 
+_DROP_CAUSES = {
+    "drops_full": "guest's ring full",
+    "drops_oversize": "too long for the guest's buffer",
+    "drops_bad": "bad ring entry",
+    "drops_refused": "refused by the tap",
+}
 
-def _si(value: float) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+
+def _bytes(value: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if abs(value) >= scale:
-            return f"{value / scale:.1f}{unit}"
-    return f"{value:.0f}"
+            return f"{value / scale:.1f} {unit}"
+    return f"{value:.0f} B"
 
 
-def _pick(values: dict[str, float], prefix: str) -> dict[str, float]:
-    return {k[len(prefix) :]: v for k, v in values.items() if k.startswith(prefix) and v}
-
-
-def rate_line(r: dict[str, float], at: float) -> str:
-    """One line of rates (per second) for the live view."""
-    parts = [f"t={at:.1f}s"]
-    devices = sorted({k.split(".", 1)[0] for k in r if k.endswith(".rx_frames")})
-    for name in devices:
-        parts.append(
-            f"{name} rx {_si(r[f'{name}.rx_frames'])} fr/s {_si(r[f'{name}.rx_bytes'])}B/s"
-            f" tx {_si(r[f'{name}.tx_frames'])} fr/s {_si(r[f'{name}.tx_bytes'])}B/s"
-        )
-        drops = sum(v for k, v in r.items() if k.startswith(f"{name}.drops"))
-        if drops:
-            parts.append(f"{name} drops {_si(drops)}/s")
-    exits = _pick(r, "exit.")
-    kvm = r.get("kvm.exits")
-    parts.append(
-        "exits/s"
-        + (f" KVM {_si(kvm)}" if kvm is not None else "")
-        + "".join(f" {k} {_si(v)}" for k, v in sorted(exits.items()))
-    )
-    calls = _pick(r, "hc.")
-    if calls:
-        parts.append("hc/s" + "".join(f" {k} {_si(v)}" for k, v in sorted(calls.items())))
-    if "notify.sent" in r:
-        parts.append(f"wake-ups sent {_si(r['notify.sent'])}/s")
-    if "io.kicks" in r:
-        parts.append(
-            f"IO kicks {_si(r['io.kicks'])}/s wake {_si(r['io.wakeups'])}/s "
-            f"spins {_si(r['io.idle_spins'])}/s"
-        )
-    cpu = f"CPU vCPU {r.get('vcpu.cpu_ns', 0) / 1e7:.0f}%"
-    if "io.cpu_ns" in r:
-        cpu += f" IO {r['io.cpu_ns'] / 1e7:.0f}%"
-    parts.append(cpu)
-    return "pyvmm: " + " | ".join(parts)
+def _percent(cpu_ns: int, seconds: float) -> str:
+    return f"{cpu_ns / 1e9:.3f} s ({cpu_ns / 1e9 / seconds * 100:.0f}% of the run)"
 
 
 def summary(snap: Snapshot) -> str:
     """The counters of a run (or so far) in a few human lines."""
     seconds = max(snap.get("seconds", 0.0), 1e-9)
-    lines = [f"pyvmm: {seconds:.3f} s, privilege {snap['privilege']} (CPL {snap['cpl']})"]
+    lines = [
+        f"pyvmm: counters after the guest ran {seconds:.3f} s (wall clock), "
+        f"privilege {snap['privilege']} (CPL {snap['cpl']})"
+    ]
     kvm = snap.get("kvm") or {}
     reached = snap.get("exits_to_pyvmm", {})
     in_c = (snap.get("hypercalls_in_c") or {}).get("answered", 0)
@@ -204,26 +345,44 @@ def summary(snap: Snapshot) -> str:
         lines.append("  hypercalls: " + ", ".join(f"{k} {v}" for k, v in sorted(calls.items())))
     if snap.get("traps"):
         lines.append("  traps: " + ", ".join(f"{k} {v}" for k, v in sorted(snap["traps"].items())))
-    for name, dev in net_devices(snap).items():
-        drops = {k[6:]: v for k, v in dev.items() if k.startswith("drops_") and v}
+    devices = net_devices(snap)
+    for name, dev in devices.items():
         lines.append(
-            f"  net {name}: rx {dev['rx_frames']} frames ({_si(dev['rx_bytes'])}B), "
-            f"tx {dev['tx_frames']} frames ({_si(dev['tx_bytes'])}B); drops: "
-            + (", ".join(f"{k} {v}" for k, v in drops.items()) or "none")
+            f"  net {name}: to the guest {dev['rx_frames']} frames ({_bytes(dev['rx_bytes'])}), "
+            f"from the guest {dev['tx_frames']} frames ({_bytes(dev['tx_bytes'])})"
         )
-    if any((snap.get("tap_drops") or {}).values()):
-        t = snap["tap_drops"]
-        lines.append(f"  hypercall path drops: rx too long {t['rx_oversize']}, tx {t['tx']}")
+        own = {cause: dev[key] for key, cause in _DROP_CAUSES.items() if dev.get(key)}
+        drops = "    dropped by pyvmm: " + (
+            ", ".join(f"{v} ({k})" for k, v in own.items()) or "none"
+        )
+        if "tap_to_guest" in dev:
+            drops += (
+                f"; by the tap (the kernel): {dev['tap_to_guest']} to the guest (not read "
+                f"in time), {dev['tap_from_guest']} from it"
+            )
+        lines.append(drops)
+    hypercall = snap.get("tap_drops") or {}
+    attributed = any("drops_refused" in d for d in devices.values())
+    if any(hypercall.values()) and not attributed:
+        lines.append(
+            f"  dropped by pyvmm on the hypercall path (all devices): "
+            f"{hypercall['rx_oversize']} too long for the guest's buffer, "
+            f"{hypercall['tx']} refused by the tap"
+        )
     thread = _thread(snap)
-    cpu = f"  CPU: vCPU thread {snap.get('vcpu_thread_cpu_ns', 0) / 1e9 / seconds * 100:.0f}%"
+    cpu = f"  CPU time: vCPU thread {_percent(snap.get('vcpu_thread_cpu_ns', 0), seconds)}"
     if thread:
         mode = (snap.get("shmstream") or snap.get("solo5_ring"))["mode"]
-        cpu += f", IO thread ({mode}) {thread['cpu_ns'] / 1e9 / seconds * 100:.0f}%"
-        lines.append(
-            f"  IO thread: wake-ups {thread['wakeups']}, kicks {thread['kicks']}, "
-            f"sleeps {thread['sleeps']}, busy passes {thread['busy_passes']}, "
-            f"idle spins {thread['idle_spins']}"
+        cpu += f", IO thread {_percent(thread['cpu_ns'], seconds)}"
+        io_line = (
+            f"  IO thread ({mode}): guest kicks {thread['kicks']}, returns from epoll "
+            f"{thread['wakeups']}, sleeps {thread['sleeps']}, passes that moved frames "
+            f"{thread['busy_passes']}, idle passes {thread['idle_spins']}"
         )
+        if "shmstream" in snap:
+            woke = sum(d["notify_sent"] for d in snap["shmstream"]["devices"].values())
+            io_line += f"; woke the guest {woke} times"
+        lines.append(io_line)
     lines.append(cpu)
     return "\n".join(lines)
 
@@ -232,10 +391,12 @@ def summary(snap: Snapshot) -> str:
 
 
 def open_json(path: str) -> IO[str]:
-    """``-`` is stdout; a file is replaced, anything else (a pipe, a
-    terminal, /dev/stderr) appended to, never truncated."""
+    """``-`` is standard error: standard output is the guest's console, and
+    a record in the middle of it would serve neither (docs/stats.md). A
+    file is replaced, anything else (a pipe, a terminal, /dev/stdout)
+    appended to, never truncated."""
     if path == "-":
-        return os.fdopen(os.dup(1), "w", buffering=1)
+        return os.fdopen(os.dup(2), "w", buffering=1)
     try:
         regular = stat.S_ISREG(os.stat(path).st_mode)
     except FileNotFoundError:
@@ -276,14 +437,21 @@ class StatsOutput:
         """The threads; ``usr1=False``: no SIGUSR1 watcher, the caller
         takes the signal and calls ``print_summary`` (a launcher's VM, whose
         channel thread does: pyvmm/serve/child.py)."""
+        # SIGUSR1 blocked first: every thread started from here inherits the
+        # mask, so the signal can only be taken by the watcher's sigwait
+        # (a thread with it unblocked would take it and ignore it).
+        if usr1 and threading.current_thread() is threading.main_thread():
+            self._saved_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+            self._spawn(self._usr1_loop, "pyvmm-sigusr1")
         if self.interval is not None:
             self._spawn(self._tick, "pyvmm-stats")
-        if usr1 and threading.current_thread() is threading.main_thread():
-            self._usr1_watch()
 
     def print_summary(self) -> None:
         """The counters so far, in the human form (what SIGUSR1 prints)."""
+        began = trace.now() if trace.enabled else 0
         self._write_live(summary(self.sample()))
+        if began:
+            trace.event("SIGUSR1: the counters so far printed", began)
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -291,22 +459,20 @@ class StatsOutput:
         self._threads.append(thread)
 
     def _tick(self) -> None:
-        before = self.sample()
+        view = LiveView(self.sample())
         while not self._stop.wait(self.interval):
+            began = trace.now() if trace.enabled else 0
             now = self.sample()
-            self._write_live(rate_line(rates(before, now), now.get("seconds", 0.0)))
+            self._write_live(view.next(now))
             if self.json is not None:
-                self._write_json(now)
-            before = now
-
-    def _usr1_watch(self) -> None:
-        """SIGUSR1: the counters so far, in the human form. The signal is
-        blocked in every thread and taken by sigwait on a watcher thread, so
-        it never interrupts the vCPU or the IO thread."""
-        self._saved_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
-        self._spawn(self._usr1_loop, "pyvmm-sigusr1")
+                self._write_json(now, "interval")
+            if began:
+                trace.event("counters: one interval's row", began, {"row": view.rows})
 
     def _usr1_loop(self) -> None:
+        """SIGUSR1: the counters so far, in the human form. The signal is
+        blocked in every thread and taken by sigwait on this thread, so it
+        never interrupts the vCPU or the IO thread."""
         while True:
             signal.sigwait({signal.SIGUSR1})
             if self._stop.is_set():
@@ -320,11 +486,14 @@ class StatsOutput:
         except (OSError, ValueError):
             pass  # stderr gone: counters are not worth failing the run
 
-    def _write_json(self, snap: Snapshot) -> None:
+    def _write_json(self, snap: Snapshot, record: str, **extra: Any) -> None:
+        """One JSON line: the snapshot, which record it is (``interval`` or
+        ``final``) and the wall-clock time it was taken at."""
         import json
 
+        line = {**snap, "record": record, "unix_time": round(time.time(), 6), **extra}
         try:
-            self.json.write(json.dumps(snap, sort_keys=True) + "\n")
+            self.json.write(json.dumps(line, sort_keys=True) + "\n")
             self.json.flush()
         except (OSError, ValueError):
             pass
@@ -340,12 +509,13 @@ class StatsOutput:
             signal.pthread_sigmask(signal.SIG_SETMASK, self._saved_mask)
             del self._saved_mask
 
-    def finish(self, snap: Snapshot) -> None:
-        """The final counters, once the guest has stopped."""
+    def finish(self, snap: Snapshot, exit_status: int | None = None) -> None:
+        """The final counters, once the guest has stopped, with pyvmm's exit
+        status (None: not known here)."""
         self.stop()
         if self.summary_at_exit:
             self._write_live(summary(snap))
         if self.json is not None:
-            self._write_json(snap)
+            self._write_json(snap, "final", exit_status=exit_status)
             self.json.close()
             self.json = None

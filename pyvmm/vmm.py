@@ -21,7 +21,7 @@ from pyvmm._native import lib
 from pyvmm.arch import ExitHandler
 from pyvmm.config import VmConfig
 from pyvmm.devices import Device, DeviceKind
-from pyvmm.devices.console import Console
+from pyvmm.devices.console import Console, ConsoleClosed
 from pyvmm.errors import DeviceError, HostError, PyvmmError, stop_message
 from pyvmm.faults import fault
 from pyvmm.hvt.bootinfo import BootInfo
@@ -76,7 +76,7 @@ class Vmm:
             self.plan = plan or make_plan(
                 config, machine=os.uname().machine, flavour=kvm_flavour(), load=_traced_load
             )
-            trace.mark("plan")
+            trace.mark("plan", {"privilege": self.plan.mode, "cpl": self.plan.cpl})
             self._bring_up(self.plan)
         except BaseException:
             self.stack.close()
@@ -97,7 +97,7 @@ class Vmm:
         for kind, request in plan.devices:
             self.devices.append((kind, kind.attach(stack, request)))
         attachments = {device.name: device.attachment() for _, device in self.devices}
-        trace.mark("devices and taps")
+        trace.mark("devices and taps", {"devices": list(attachments)} if attachments else None)
 
         if traced:
             stack.callback(trace.mark, "tear-down: close /dev/kvm")
@@ -111,7 +111,7 @@ class Vmm:
             stack.callback(trace.mark, "tear-down: unmap guest memory")
         self.memory = memory = stack.enter_context(GuestMemory(plan.mem_size))
         vm.set_memory(0, 0, plan.mem_size, memory.host_addr)
-        trace.mark("map guest memory")
+        trace.mark("map guest memory", {"bytes": plan.mem_size})
         regions = [(r.start, r.start + r.length, r.protection) for r in page_protections(kernel)]
         plan.arch.prepare_memory(memory, regions, plan.mode)
         place(kernel, memory)
@@ -234,10 +234,13 @@ class Vmm:
         self._vcpu_clock = time.pthread_getcpuclockid(threading.get_ident())
         self._vcpu_cpu_start = time.clock_gettime_ns(self._vcpu_clock)
         self.started = time.monotonic()
+        io_thread = None
         try:
             if service is not None:
+                known = trace.tasks()
                 service.start()
                 trace.mark("IO thread start")
+                io_thread = trace.thread_started("IO thread", known)
             # Every fd is open and every thread exists: give up what the
             # run does not need (docs/security.md).
             if self.config.user:
@@ -251,6 +254,10 @@ class Vmm:
             if service is not None:
                 service.stop()
                 trace.mark("tear-down: IO thread stop")
+                if io_thread is not None:
+                    served = service.counters()
+                    what = f"IO thread ({served['mode']}): serving the net devices"
+                    trace.thread_ended(io_thread, what, served["thread"])
             with self.running_lock:
                 self.running.clear()
             lib.pyvmm_signals_restore()
@@ -357,11 +364,22 @@ def run(config: VmConfig) -> int:
         )
         output.start()
         trace.mark("counters (SIGUSR1 watcher)")
+        status = None
         try:
-            return vmm.run()
+            status = vmm.run()
+            return status
+        except ConsoleClosed as err:  # nothing said, as a Unix filter on SIGPIPE
+            status = err.exit_status
+            return status
+        except PyvmmError as err:
+            status = err.exit_status
+            raise
+        except Exception:
+            status = 1  # a pyvmm bug: cli.main's "internal error"
+            raise
         finally:
-            output.finish(vmm.counters())
-            trace.mark("tear-down: counters")
+            output.finish(vmm.counters(), exit_status=status)
+            trace.mark("tear-down: counters", {"exit_status": status})
 
 
 __all__ = ["DeviceError", "Stopped", "Vmm", "VmConfig", "run"]

@@ -181,18 +181,23 @@ class NetNamespace:
             ipr.link("set", index=ipr.link_lookup(ifname=ifname)[0], mtu=mtu)
 
     def link(self, ifname: str) -> dict[str, Any]:
-        """Facts about one interface: ``index``, ``mtu``, ``kind``, ``up`` and stats64."""
+        """Facts about one interface: ``index``, ``mtu``, ``kind``, ``up`` and
+        its kernel counters (``stats``: read as pyvmm's --stats reads a tap's)."""
+        from pyvmm.devices.net.tap import link_stats
+
         with self.iproute() as ipr:
             links = ipr.get_links(ifname=ifname)
         if not links:
             raise LookupError(f"no interface {ifname!r} in {self.name}")
         msg = links[0]
+        with self.inside():
+            stats = link_stats(msg["index"])
         return {
             "index": msg["index"],
             "mtu": msg.get("mtu"),
             "kind": msg.get(("linkinfo", "kind")),
             "up": bool(msg["flags"] & 1),
-            "stats": dict(msg.get("stats64") or {}),
+            "stats": stats,
         }
 
     def links(self) -> list[str]:

@@ -25,12 +25,12 @@ pytestmark = pytest.mark.kvm
 class Launcher:
     """A ``pyvmm serve`` process on a socket in ``tmp``."""
 
-    def __init__(self, tmp: Path, popen=subprocess.Popen, env=None) -> None:
+    def __init__(self, tmp: Path, popen=subprocess.Popen, env=None, options=()) -> None:
         self.path = str(tmp / "api.sock")
         self.log = tmp / "launcher.err"
         self.out = tmp / "launcher.out"
         self.proc = popen(
-            [sys.executable, "-m", "pyvmm", "serve", "--api-sock", self.path],
+            [sys.executable, "-m", "pyvmm", "serve", "--api-sock", self.path, *options],
             stdout=open(self.out, "w"),
             stderr=open(self.log, "w"),
             cwd=ROOT,
@@ -168,8 +168,9 @@ def test_the_commands_notes_reach_the_vms_stderr(launcher, tmp_path, pooled):
 
 
 @pytest.mark.parametrize("pooled", [False, True])
-def test_stats_json_to_the_vms_stdout(launcher, tmp_path, pooled):
-    """--stats-json=-: the counters on the VM's console, pooled or not."""
+def test_stats_json_to_the_vms_stderr(launcher, tmp_path, pooled):
+    """--stats-json=-: the counters on the VM's standard error (its stdout
+    is the guest's console), pooled or not."""
     import json
 
     argv = ["--stats-json=-", "--mem=64", str(guest("hello").relative_to(ROOT))]
@@ -179,8 +180,8 @@ def test_stats_json_to_the_vms_stdout(launcher, tmp_path, pooled):
         while launcher.api("GET", "/pool")[1]["pools"][0]["ready"] != 1:
             assert time.monotonic() < deadline, "the pool never got ready"
             time.sleep(0.05)
-    out = tmp_path / "console"
-    status, end = launcher.create(*argv, cwd=str(ROOT), stdout=str(out), wait=True)
+    out = tmp_path / "stderr"
+    status, end = launcher.create(*argv, cwd=str(ROOT), stderr=str(out), wait=True)
     assert status == 200 and end["exit_status"] == 0 and end.get("pooled", False) == pooled
     last = out.read_text().splitlines()[-1]
     assert json.loads(last)["schema"] == "pyvmm-stats/1"

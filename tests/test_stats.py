@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -15,20 +17,59 @@ import pytest
 from conftest import guest, popen_pyvmm, run_pyvmm
 from pyvmm.api import Guest
 from pyvmm.errors import LoaderError, UsageError
+from pyvmm.statsview import HEADER_EVERY, is_live_line
 from testkit import helpers
 from testkit.netns import NetNamespace
 
 pytestmark = pytest.mark.kvm
 
 
-def wait_for_line(stream, pattern: str, bound: float = 30) -> str:
-    """The first line matching ``pattern`` (a bound that only catches hangs)."""
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline:
-        line = stream.readline()
-        if re.search(pattern, line):
-            return line
+# The summary's first line (at exit and on SIGUSR1).
+SUMMARY = (
+    r"^pyvmm: counters after the guest ran [0-9.]+ s \(wall clock\), privilege \w+ \(CPL [03]\)$"
+)
+
+
+def wait_for_line(vm: subprocess.Popen, pattern: str, bound: float = 30) -> str:
+    """The first line of pyvmm's stderr matching ``pattern``; past ``bound``
+    (which only catches hangs) pyvmm is killed, so a line that never comes
+    fails the test instead of blocking it."""
+    timer = threading.Timer(bound, vm.kill)
+    timer.start()
+    try:
+        for line in iter(vm.stderr.readline, ""):
+            if re.search(pattern, line):
+                return line
+    finally:
+        timer.cancel()
     raise AssertionError(f"no line matching {pattern!r} within {bound} s")
+
+
+def live_rows(text: str) -> list[dict[str, str]]:
+    """The live view's rows in pyvmm's stderr, as {"GROUP: HEADING": value}
+    read by position under the latest header: the columns are fixed, so a
+    row's numbers must end exactly where their headings end."""
+    rows: list[dict[str, str]] = []
+    groups = names = ""
+    for line in text.splitlines():
+        if not is_live_line(line):
+            continue
+        body = line[len("pyvmm:") :]
+        if body.lstrip().startswith("-"):
+            groups = body
+        elif body.lstrip().startswith("s "):
+            names = body
+        else:
+            assert len(body) == len(names) == len(groups), (groups, names, body)
+            spans = [(m.start(), m.end(), m.group(1)) for m in re.finditer(r"-+ (.+?) -+", groups)]
+            row, start = {}, 0
+            for cell in re.finditer(r"\S+", body):
+                heading = names[start : cell.end()].strip()
+                (group,) = [g for a, b, g in spans if a < cell.end() <= b]
+                row[f"{group}: {heading}"] = cell.group()
+                start = cell.end()
+            rows.append(row)
+    return rows
 
 
 def test_json_schema_and_counts_that_add_up(tmp_path):
@@ -52,38 +93,91 @@ def test_summary_on_stderr_in_human_form():
     result = run_pyvmm("--stats", guest("hello"))
     assert result.returncode == 0
     lines = result.stderr.splitlines()
-    assert re.fullmatch(r"pyvmm: [0-9.]+ s, privilege \w+ \(CPL [03]\)", lines[0])
+    assert re.fullmatch(SUMMARY, lines[0])
     assert any(re.match(r"  VM exits: \d+ counted by KVM, \d+ reached pyvmm", x) for x in lines)
     assert any(x.startswith("  hypercalls: halt 1, puts ") for x in lines)
+    assert re.fullmatch(r"  CPU time: vCPU thread [0-9.]+ s \(\d+% of the run\)", lines[-1])
     assert "SUCCESS" in result.stdout  # the guest's output is untouched
 
 
 def test_live_rates_per_interval_and_json_lines(tmp_path):
     path = tmp_path / "live.jsonl"
-    vm = popen_pyvmm("--stats=200ms", f"--stats-json={path}", guest("spin"))
+    started = time.time()
+    vm = popen_pyvmm("--stats=10ms", f"--stats-json={path}", guest("spin"))
+    seen = ""
     try:
-        for _ in range(3):
-            wait_for_line(vm.stderr, r"^pyvmm: t=[0-9.]+s \| .*CPU vCPU \d+%")
+        # Past the second header: it repeats every HEADER_EVERY rows.
+        while len(live_rows(seen)) < HEADER_EVERY + 2:
+            seen += wait_for_line(vm, r"^pyvmm: ")
     finally:
         vm.send_signal(signal.SIGINT)
         out, err = vm.communicate(timeout=30)
+    ended = time.time()
     assert vm.returncode == 130, err
     assert "pyvmm: stopped by SIGINT" in err
+    err = seen + err
+    # A header first, then again after HEADER_EVERY rows (groups and headings).
+    lines = [x for x in err.splitlines() if is_live_line(x)]
+    headers = [i for i, x in enumerate(lines) if not re.match(r"pyvmm: +[0-9]", x)]
+    assert headers[:4] == [0, 1, HEADER_EVERY + 2, HEADER_EVERY + 3], lines[:3]
+    # Fixed columns (live_rows checks each row against its header), every one
+    # on every row, zero or not, each with its unit, one number format.
+    rows = live_rows(err)
+    assert all(list(r) == list(rows[0]) for r in rows)
+    assert list(rows[0]) == [
+        "time: s",
+        "VM exits: KVM/s",
+        "VM exits: to pyvmm/s",
+        "VM exits: Python/s",
+        "CPU: vCPU %",
+    ]
+    for r in rows:
+        assert re.fullmatch(r"\d+\.\d", r["time: s"])
+        assert all(re.fullmatch(r"\d+", v) for k, v in r.items() if k != "time: s"), r
+    assert any(r["VM exits: to pyvmm/s"] == "0" for r in rows)  # spinning: shown at zero
+    # The JSON lines: one per interval, then the final one with the status.
     snaps = [json.loads(x) for x in path.read_text().splitlines()]
-    assert len(snaps) >= 4  # three intervals and the final snapshot
+    assert len(snaps) >= HEADER_EVERY + 2  # the intervals and the final snapshot
+    assert [s["record"] for s in snaps] == ["interval"] * (len(snaps) - 1) + ["final"]
+    assert snaps[-1]["exit_status"] == 130
+    assert all("exit_status" not in s for s in snaps[:-1])
     seconds = [s["seconds"] for s in snaps]
     assert seconds == sorted(seconds)
+    wall = [s["unix_time"] for s in snaps]
+    assert wall == sorted(wall) and started <= wall[0] and wall[-1] <= ended
     assert all(s["schema"] == "pyvmm-stats/1" for s in snaps)
 
 
-def test_sigusr1_prints_counters_and_the_guest_runs_on():
-    vm = popen_pyvmm(guest("spin"))
+def test_json_final_record_has_the_guests_exit_status(tmp_path):
+    path = tmp_path / "stats.json"
+    result = run_pyvmm(f"--stats-json={path}", guest("args"), "7")
+    assert result.returncode == 7
+    (snap,) = [json.loads(x) for x in path.read_text().splitlines()]
+    assert snap["record"] == "final" and snap["exit_status"] == 7
+
+
+def test_json_to_dash_stays_out_of_the_guests_console():
+    """``-`` is standard error: standard output is the guest's console."""
+    plain = run_pyvmm(guest("hello"))
+    result = run_pyvmm("--stats-json=-", guest("hello"))
+    assert result.returncode == 0
+    assert result.stdout == plain.stdout  # the console alone
+    (line,) = result.stderr.splitlines()
+    snap = json.loads(line)
+    assert snap["record"] == "final" and snap["exit_status"] == 0
+
+
+@pytest.mark.parametrize("stats", [[], ["--stats"], ["--stats=3600s"], ["--stats=50ms"]])
+def test_sigusr1_prints_counters_and_the_guest_runs_on(stats):
+    """With or without --stats, with any interval (the live view's thread
+    must not take the signal and drop it)."""
+    vm = popen_pyvmm(*stats, guest("spin"))
     try:
         assert vm.stdout.readline() == "spinning\n"
         vm.send_signal(signal.SIGUSR1)
-        wait_for_line(vm.stderr, r"^pyvmm: [0-9.]+ s, privilege")
+        wait_for_line(vm, SUMMARY)
         vm.send_signal(signal.SIGUSR1)
-        wait_for_line(vm.stderr, r"^pyvmm: [0-9.]+ s, privilege")
+        wait_for_line(vm, SUMMARY)
         assert vm.poll() is None  # still running
     finally:
         vm.send_signal(signal.SIGTERM)
@@ -139,8 +233,8 @@ def test_live_counts_agree_with_the_guest(tmp_path):
         for x in path.read_text().splitlines()
     ]
     assert counts == sorted(counts) and counts[-1] == frames
-    live = [x for x in err.splitlines() if x.startswith("pyvmm: t=")]
-    assert any(re.search(r"service0 rx [0-9.]+k fr/s", x) for x in live), live
+    rates = [int(r["net service0: rx fr/s"]) for r in live_rows(err)]
+    assert max(rates) >= 1000, err
 
 
 def test_python_api_runs_reads_and_stops_a_guest():

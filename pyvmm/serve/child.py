@@ -286,6 +286,10 @@ def _run(spec: ChildSpec, channel: int, usr1: int, times: dict[str, int]) -> tup
         from pyvmm import trace
 
         trace.mark("child: console, --stats-json")
+    keep = {0, 1, 2, channel, usr1} | ({json_out.fileno()} if json_out is not None else set())
+    _let_go_of_others(spec, keep)
+    if not spec.pooled:
+        trace.mark("child: other VMs' images and the launcher's fds let go")
     with _logged(spec.log_level, notes) if spec.pooled else contextlib.nullcontext():
         vmm = _LauncherVmm(config, spec.plan, first_run)
 
@@ -327,6 +331,36 @@ def _run(spec: ChildSpec, channel: int, usr1: int, times: dict[str, int]) -> tup
     return status, final
 
 
+def _let_go_of_others(spec: ChildSpec, keep: set[int]) -> None:
+    """Before the guest's set-up, keep nothing that is another VM's or the
+    launcher's: the images it read for other VMs (warm.forget_other_images)
+    and every fd not in ``keep`` (or --trace's file): its listener and
+    connections, other VMs' channels, pidfds and stderr pipes, whatever
+    else it held at the fork. Each such fd becomes /dev/null rather than
+    closed: its number stays taken, so an object of the launcher's heap
+    that closes "its" fd later closes a /dev/null, never an fd this VM
+    opened since (/dev/kvm's, say)."""
+    from pyvmm import trace
+    from pyvmm.serve import warm
+
+    warm.forget_other_images(spec.plan.kernel)
+    if trace._fd >= 0:
+        keep = keep | {trace._fd}
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd in keep or fd == null:
+                continue
+            try:
+                os.fstat(fd)
+            except OSError:
+                continue  # the listing's own, closed by now
+            os.dup2(null, fd, inheritable=False)
+    finally:
+        os.close(null)
+
+
 def _start_trace(spec: ChildSpec, first: str, forked_ns: int | None = None) -> None:
     """--trace through the launcher: the command's timeline (pyvmm.trace),
     from the request's first byte; ``first`` names the launcher's part,
@@ -339,10 +373,11 @@ def _start_trace(spec: ChildSpec, first: str, forked_ns: int | None = None) -> N
     trace._marks.clear()  # the launcher's own, inherited
     boot_offset = time.clock_gettime_ns(time.CLOCK_BOOTTIME) - time.monotonic_ns()
     trace.set_start(spec.arrived_ns + boot_offset)
+    # The launcher's part on its own track (its process: this one's parent).
     if forked_ns is None:
-        trace.early(first)
+        trace.handed_over(first, trace.now(), os.getppid(), "pyvmm serve")
     else:
-        trace._marks.append((first, forked_ns + boot_offset))
+        trace.handed_over(first, forked_ns + boot_offset, os.getppid(), "pyvmm serve")
         trace.early("child: the launcher's fds closed, signals")
     try:
         trace.enable(spec.trace)

@@ -32,8 +32,10 @@ class NetDevice:
 
     def counters(self) -> dict[str, int]:
         """Frames the plain hypercall path dropped in Python (the C fast
-        path counts its own: stats.py adds them up)."""
-        return {"rx_oversize": self.tap.rx_dropped, "tx": self.tap.tx_dropped}
+        path counts its own: stats.py adds them up), and the tap's kernel
+        counters as ``tap_*``."""
+        kernel = {f"tap_{k}": v for k, v in self.tap.kernel_counters().items()}
+        return {"rx_oversize": self.tap.rx_dropped, "tx": self.tap.tx_dropped, **kernel}
 
     def read_into(self, buf) -> int | None:
         return self.tap.read_into(buf)

@@ -6,7 +6,10 @@ unconfigured interface, so a typo would boot a guest on a dead link.
 
 Every interface lookup here goes through ioctls on a socket or on the tap
 fd, never through ``/sys/class/net``: sysfs shows the network namespace it
-was mounted in, which is not the one a process entered with ``setns``.
+was mounted in, which is not the one a process entered with ``setns``. The
+tap's own counters (frames the kernel handed to pyvmm or dropped because
+nobody read them in time) come the same way, over rtnetlink in the tap's
+namespace (``link_stats``, ``TapCounters``).
 """
 
 from __future__ import annotations
@@ -67,6 +70,42 @@ IFLA_TUN_PI = 4
 _NLMSGHDR = struct.Struct("=IHHII")
 _IFINFOMSG = struct.Struct("=BxHiII")
 _RTATTR = struct.Struct("=HH")
+# RTM_GETSTATS (Linux 4.7+): one interface's struct rtnl_link_stats64.
+RTM_NEWSTATS = 92
+RTM_GETSTATS = 94
+IFLA_STATS_LINK_64 = 1
+_IF_STATS_MSG = struct.Struct("=BBHII")  # family, pad, pad, ifindex, filter_mask
+#: struct rtnl_link_stats64 (<linux/if_link.h>) in order; newer kernels
+#: append fields, which are read when present.
+LINK_STATS_FIELDS = (
+    "rx_packets",
+    "tx_packets",
+    "rx_bytes",
+    "tx_bytes",
+    "rx_errors",
+    "tx_errors",
+    "rx_dropped",
+    "tx_dropped",
+    "multicast",
+    "collisions",
+    "rx_length_errors",
+    "rx_over_errors",
+    "rx_crc_errors",
+    "rx_frame_errors",
+    "rx_fifo_errors",
+    "rx_missed_errors",
+    "tx_aborted_errors",
+    "tx_carrier_errors",
+    "tx_fifo_errors",
+    "tx_heartbeat_errors",
+    "tx_window_errors",
+    "rx_compressed",
+    "tx_compressed",
+    "rx_nohandler",
+    "rx_otherhost_dropped",
+)
+#: What --stats reports of a tap (a tap's "tx" is towards its reader: the guest).
+TAP_COUNTERS = ("tx_packets", "tx_bytes", "tx_dropped", "rx_packets", "rx_bytes", "rx_dropped")
 
 # struct ifreq is 40 bytes on 64-bit Linux: a 16-byte name and a 24-byte union.
 _IFREQ_FLAGS = struct.Struct("16sH22x")
@@ -91,15 +130,27 @@ class TapBackend(OwnedFd):
     manifest at boot and cannot be told about a later change anyway.
     """
 
-    def __init__(self, fd: int, ifname: str, mtu: int) -> None:
+    def __init__(self, fd: int, ifname: str, mtu: int, kernel: TapCounters | None = None) -> None:
         self.fd = fd
         self.ifname = ifname
         self.mtu = mtu
         self.tx_dropped = 0
         self.rx_dropped = 0
+        #: The kernel's own counters of the tap (None: not readable).
+        self.kernel = kernel
         # Catches the first byte past the caller's buffer: the kernel
         # truncates a long frame silently, this makes truncation visible.
         self._overflow = bytearray(1)
+
+    def kernel_counters(self) -> dict[str, int]:
+        """The tap's kernel counters since pyvmm attached it (TAP_COUNTERS),
+        or nothing if they cannot be read."""
+        return self.kernel.read() if self.kernel is not None else {}
+
+    def close(self) -> None:
+        if self.kernel is not None:
+            self.kernel.close()
+        super().close()
 
     @classmethod
     def open(cls, iface: str) -> TapBackend:
@@ -161,10 +212,11 @@ class TapBackend(OwnedFd):
                     mtu = _query_mtu(raw)
                 except OSError as err:
                     raise fail(f"cannot be queried: {_reason(err)}") from None
+                # From now on the tap's drops are pyvmm's to report.
+                return cls(fd, name, mtu, TapCounters.open(ifindex))
             except BaseException:
                 os.close(fd)
                 raise
-        return cls(fd, name, mtu)
 
     @classmethod
     def _adopt(cls, iface: str) -> TapBackend:
@@ -193,19 +245,23 @@ class TapBackend(OwnedFd):
         # The fd may come from another network namespace, where our name
         # lookup could find a different interface: ask in the tap's own.
         try:
-            mtu, tun_data = _in_device_netns(fd, lambda: (_query_mtu(raw), _tun_link_data(raw)))
+            mtu, tun_data, kernel = _in_device_netns(
+                fd, lambda: (_query_mtu(raw), _tun_link_data(raw), TapCounters.open_named(raw))
+            )
         except OSError as err:
             raise fail(f"cannot query tap '{ifname}': {_reason(err)}") from None
         # TUNGETIFF cannot say whether IFF_NO_PI is set (it reuses that bit
         # for IFF_NOFILTER), so ask netlink; old kernels do not tell.
         if tun_data.get(IFLA_TUN_PI, b"\0") != b"\0":
+            if kernel is not None:
+                kernel.close()
             raise fail(
                 f"fd {fd} (tap '{ifname}') was opened without IFF_NO_PI "
                 "(frames would carry a packet information header)"
             )
         os.set_blocking(fd, False)
         os.set_inheritable(fd, False)
-        return cls(fd, ifname, mtu)
+        return cls(fd, ifname, mtu, kernel)
 
     def read_into(self, buf: Any) -> int | None:
         """Read one frame into ``buf``; its length, or None if none is waiting.
@@ -244,6 +300,119 @@ class TapBackend(OwnedFd):
 
     def __repr__(self) -> str:
         return f"TapBackend(fd={self.fd}, ifname={self.ifname!r}, mtu={self.mtu})"
+
+
+class TapCounters:
+    """A tap's kernel counters, as differences from when pyvmm attached it.
+
+    The kernel counts what pyvmm cannot see: frames for the guest it dropped
+    because its queue was full (the tap's ``tx_dropped``: the guest, or
+    pyvmm, fell behind). They are read over a netlink socket opened during
+    set-up in the tap's namespace and then only written and read, which the
+    sandbox allows; the sampling threads share it under a lock.
+    """
+
+    def __init__(self, ifindex: int, fd: int) -> None:
+        self.ifindex = ifindex
+        self.fd = fd
+        self._lock = threading.Lock()
+        self._seq = 0
+        self.base = self._raw()
+        self.last = dict.fromkeys(TAP_COUNTERS, 0)
+
+    @classmethod
+    def open(cls, ifindex: int) -> TapCounters | None:
+        """For interface ``ifindex`` of the calling thread's namespace; None
+        if the kernel will not tell (counters are not worth failing a run)."""
+        try:
+            fd = open_netlink()
+        except OSError:
+            return None
+        try:
+            return cls(ifindex, fd)
+        except OSError:
+            os.close(fd)
+            return None
+
+    @classmethod
+    def open_named(cls, raw: bytes) -> TapCounters | None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            return cls.open(_ifindex(sock, raw))
+
+    def _raw(self) -> dict[str, int]:
+        with self._lock:
+            if self.fd < 0:
+                raise OSError(errno.EBADF, "closed")
+            self._seq += 1
+            return link_stats(self.ifindex, self.fd, self._seq)
+
+    def read(self) -> dict[str, int]:
+        """TAP_COUNTERS since the attach; the last known values if the
+        kernel does not answer now."""
+        try:
+            now = self._raw()
+        except OSError:
+            return dict(self.last)
+        self.last = {k: now.get(k, 0) - self.base.get(k, 0) for k in TAP_COUNTERS}
+        return dict(self.last)
+
+    def close(self) -> None:
+        with self._lock:
+            fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+def open_netlink() -> int:
+    """A NETLINK_ROUTE socket in the calling thread's network namespace, as a
+    plain fd (link_stats only writes and reads it), with a receive timeout
+    so that a reader never waits on the kernel for long."""
+    sock = socket.socket(
+        socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE
+    )
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 1, 0))
+    except BaseException:
+        sock.close()
+        raise
+    return sock.detach()
+
+
+def link_stats(ifindex: int, fd: int | None = None, seq: int = 1) -> dict[str, int]:
+    """The kernel's counters of interface ``ifindex`` (LINK_STATS_FIELDS), one
+    RTM_GETSTATS on netlink socket ``fd`` (by default a new one in the calling
+    thread's namespace). What ``--stats`` reports of a tap and what the
+    benchmarks and tests read of theirs (testkit/netns.py). OSError if the
+    kernel refuses (no such interface, a kernel before 4.7)."""
+    if fd is None:
+        fd = open_netlink()
+        try:
+            return link_stats(ifindex, fd, seq)
+        finally:
+            os.close(fd)
+    body = _IF_STATS_MSG.pack(socket.AF_UNSPEC, 0, 0, ifindex, 1 << (IFLA_STATS_LINK_64 - 1))
+    os.write(
+        fd, _NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_GETSTATS, NLM_F_REQUEST, seq, 0) + body
+    )
+    for _ in range(16):  # a late answer to an earlier request is skipped
+        reply = os.read(fd, 1 << 16)
+        if len(reply) < _NLMSGHDR.size:
+            raise OSError(errno.EPROTO, "short netlink reply")
+        length, kind, _flags, got, _pid = _NLMSGHDR.unpack_from(reply)
+        if got != seq:
+            continue
+        if kind == NLMSG_ERROR:
+            code = -struct.unpack_from("i", reply, _NLMSGHDR.size)[0]
+            raise OSError(code, os.strerror(code))
+        if kind != RTM_NEWSTATS:
+            raise OSError(errno.EPROTO, f"unexpected netlink message type {kind}")
+        attrs = _rtattrs(reply[_NLMSGHDR.size + _IF_STATS_MSG.size : length])
+        data = attrs.get(IFLA_STATS_LINK_64)
+        if data is None:
+            raise OSError(errno.EPROTO, "no IFLA_STATS_LINK_64 in the reply")
+        count = min(len(data) // 8, len(LINK_STATS_FIELDS))
+        return dict(zip(LINK_STATS_FIELDS, struct.unpack_from(f"={count}Q", data), strict=False))
+    raise OSError(errno.EPROTO, "no netlink reply to this request")
 
 
 class InvalidMacError(DeviceError, ValueError):
