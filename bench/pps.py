@@ -496,6 +496,9 @@ def run_tx(case: dict, args) -> dict:
         "case": case_json(case),
         "count": count,
         "guest": guest_report(out) if ended else {},
+        # Why a row has no figures: the guest did not end in --tx-timeout.
+        "ended": ended,
+        "output_tail": "" if ended else (out + err)[-2000:],
         "tap": {k: tap_b[k] - tap_a[k] for k in tap_b},
         "host": json.loads(got) if got.strip() else {},
         "window": window_counters(a, stats),

@@ -42,6 +42,8 @@ def test_pps_quick_writes_json_and_chart(tmp_path: Path) -> None:
     assert "kvm_exits_s" in rx and "io_cpu" in rx
     # Every row is a ratio to the baseline process of the same repeat.
     assert base["ratio"] == 1.0 and rx["ratio"] > 0 and rx["cpu_us_frame"] > 0
+    for run in (r for runs in raw["tx"].values() for r in runs):
+        assert run["ended"], f"{run['case']}: udpsend did not end:\n{run['output_tail']}"
     for tx in raw["summary"]["tx"]:
         assert tx["sent"] == 2000 and tx["errors"] == 0 and tx["cpu_us_frame"] > 0
     for lat in raw["summary"]["latency"]:
