@@ -66,6 +66,16 @@ struct pyvmm_fastpath {
 };
 
 /*
+ * The poll hypercall's wait (here and in Python): like pyvmm_wait_readable,
+ * but ``timeout_ns`` is kept as a deadline, never overslept by the
+ * kernel's slack on poll timeouts (hcfast.c says why), however long.
+ */
+int pyvmm_poll_until(const int *fds, int nfds, int64_t timeout_ns, uint64_t *ready);
+/* How long pyvmm_poll_until's next ppoll waits with this much time left
+ * (for tests/unit/test_poll_deadline.py). */
+int64_t pyvmm_poll_step(int64_t remaining_ns);
+
+/*
  * KVM_RUN until an exit this fast path does not answer, then decode it into
  * *exit for Python.  Returns like pyvmm_vcpu_run: 0, or -errno (-EINTR when
  * a signal is pending, also right after an answered hypercall when a stop

@@ -1,0 +1,88 @@
+"""The poll hypercall keeps the guest's timeout as a deadline: each ppoll
+of a long wait ends before the deadline even as late as Linux lets a poll
+timeout expire (fs/select.c: 0.1% of the time left, 0.5% for a niced
+thread, at least the timer slack, at most 100 ms), and the last one is
+short enough that its slack is the timer slack alone (csrc/hcfast.c).
+The arithmetic is checked here, not the machine's timing."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from pyvmm._native import ffi, lib
+
+MS = 1_000_000
+EXACT = 10 * MS  # the last wait: 0.5% of it is the 50 us timer slack
+TIMER_SLACK = 50_000
+MAX_SLACK = 100 * MS
+
+
+def kernel_slack(timeout: int, niced: bool = True) -> int:
+    """How late Linux may end a poll-family timeout of ``timeout`` ns."""
+    estimate = timeout // (200 if niced else 1000)
+    return min(max(estimate, TIMER_SLACK), MAX_SLACK)
+
+
+LEFT = [
+    1,
+    MS,
+    EXACT,
+    EXACT + 1,
+    20 * MS,
+    100 * MS,
+    999_999_964,  # test_time's 1 s yield, as the host sees it
+    10**9,
+    60 * 10**9,
+    3600 * 10**9,
+    2**62,
+    2**63 - 1,
+]
+
+
+def test_a_short_wait_is_waited_whole():
+    for left in (0, 1, MS, EXACT):
+        assert lib.pyvmm_poll_step(left) == left
+    assert lib.pyvmm_poll_step(-5) == 0
+
+
+def test_each_step_of_a_long_wait_ends_before_the_deadline_however_late_it_fires():
+    for left in LEFT:
+        step = lib.pyvmm_poll_step(left)
+        assert 0 < step <= left
+        if left > EXACT:
+            assert step + kernel_slack(step) <= left, left
+
+
+def test_a_wait_takes_at_most_three_ppolls():
+    """Woken at the earliest (the step itself), the time left is the step's
+    margin; it shrinks to a last, exact wait within three ppolls."""
+    for left in LEFT:
+        polls = 1
+        while left > EXACT:
+            left -= lib.pyvmm_poll_step(left)
+            polls += 1
+        assert polls <= 3, left
+
+
+def test_a_timeout_is_never_cut_short():
+    """With nothing to wait for, the wait returns 0 and not before its
+    deadline (a lower bound: ppoll never ends early)."""
+    fds = ffi.new("int[]", [-1])  # a negative fd is ignored by ppoll
+    ready = ffi.new("uint64_t *")
+    for timeout in (0, 3 * MS, EXACT + 5 * MS):
+        start = time.monotonic_ns()
+        assert lib.pyvmm_poll_until(fds, 1, timeout, ready) == 0
+        assert time.monotonic_ns() - start >= timeout
+        assert ready[0] == 0
+
+
+def test_a_ready_fd_ends_the_wait_with_its_bit():
+    fd = os.eventfd(1, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+    try:
+        fds = ffi.new("int[]", [-1, fd])
+        ready = ffi.new("uint64_t *")
+        assert lib.pyvmm_poll_until(fds, 2, 3600 * 10**9, ready) == 1
+        assert ready[0] == 0b10
+    finally:
+        os.close(fd)
