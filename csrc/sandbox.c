@@ -288,3 +288,29 @@ int pyvmm_sandbox_load(const void *prog, int len)
         return -ESRCH;
     return ret < 0 ? -errno : 0;
 }
+
+int pyvmm_sandbox_forget(uint64_t addr, uint64_t len, int mapping)
+{
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t first = (addr + page - 1) / page * page;
+    uint64_t last = (addr + len) / page * page;
+
+    if (len == 0)
+        return 0;
+    if (mapping) {
+        if (addr % page)
+            return -EINVAL;
+        if (mmap((void *)(uintptr_t)addr, len, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1,
+                 0) == MAP_FAILED)
+            return -errno;
+        return 0;
+    }
+    if (last <= first) { /* within one or two pages */
+        memset((void *)(uintptr_t)addr, 0, len);
+        return 0;
+    }
+    memset((void *)(uintptr_t)addr, 0, first - addr);
+    memset((void *)(uintptr_t)last, 0, addr + len - last);
+    return madvise((void *)(uintptr_t)first, last - first, MADV_DONTNEED) < 0 ? -errno : 0;
+}

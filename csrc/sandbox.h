@@ -12,6 +12,8 @@
 #ifndef PYVMM_SANDBOX_H
 #define PYVMM_SANDBOX_H
 
+#include <stdint.h>
+
 /* What a call outside the list gets: EPERM (the default), or the process
  * is killed (SIGSYS). */
 #define PYVMM_SANDBOX_ERRNO 0
@@ -56,6 +58,19 @@ int pyvmm_sandbox_bind(void *prog, int len, int pid, int vm_fd, int vcpu_fd);
  * still unbound; -ESRCH: a thread could not be synchronised).
  */
 int pyvmm_sandbox_load(const void *prog, int len);
+
+/*
+ * Leave nothing of [addr, addr + len) readable in this process: a forked
+ * VM's child forgets another VM's image the launcher holds (serve/warm.py).
+ * `mapping`: the range is a file mapping (page-aligned start), replaced
+ * by inaccessible anonymous pages, so the address range stays taken and
+ * the file is no longer mapped here; otherwise it is a part of the heap
+ * (an image read into memory): its whole pages are dropped (MADV_DONTNEED:
+ * they read as zeros, and a page still shared with the launcher is not
+ * copied) and the partial pages' bytes in the range are zeroed.  Returns
+ * 0 or -errno.
+ */
+int pyvmm_sandbox_forget(uint64_t addr, uint64_t len, int mapping);
 
 /* How many names of the last build this architecture did not know. */
 int pyvmm_sandbox_unknown(void);

@@ -10,6 +10,10 @@ A unikernel read and checked once is kept while its file is unchanged.
 Finally ``gc.freeze()`` moves everything imported into the permanent
 generation, so a child's garbage collections never write to those pages
 and the interpreter's pages stay shared between VMs.
+
+What a VM's child must not keep of the others (``forget_other_images``):
+the unikernels the launcher read for other VMs. The rest of the heap it
+copies is documented in docs/security.md.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import gc
 import importlib
 import os
 import platform
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -118,6 +123,13 @@ def _cache_page_tables() -> Any:
     return page_tables
 
 
+#: Every kernel a cache of this process loaded, while anything still holds
+#: it (a cache, a pool's prepared VM, a plan), and every cache: what a VM's
+#: child forgets (``forget_other_images``).
+_loaded: weakref.WeakSet = weakref.WeakSet()
+_caches: weakref.WeakSet = weakref.WeakSet()
+
+
 class KernelCache:
     """``load_kernel`` remembered: a unikernel read and checked once is not
     read again while its file is the same (device, inode, size, times:
@@ -127,6 +139,12 @@ class KernelCache:
 
     def __init__(self) -> None:
         self._kernels: OrderedDict[tuple, Any] = OrderedDict()
+        _caches.add(self)
+
+    def keep_only(self, kernel: Any) -> None:
+        """Drop every entry but ``kernel``'s (a VM's child, for its own)."""
+        for key in [k for k, v in self._kernels.items() if v is not kernel]:
+            del self._kernels[key]
 
     def load(self, path: str, host_machine: str, *, legacy_abi: bool = False) -> Any:
         from pyvmm.loader import load_kernel
@@ -142,11 +160,59 @@ class KernelCache:
             self._kernels.move_to_end(key)
             return kernel
         kernel = load_kernel(path, host_machine, legacy_abi=legacy_abi)
+        _loaded.add(kernel)
         if identity is not None and kernel.file == identity:
             self._kernels[key] = kernel
             if len(self._kernels) > self.SIZE:
                 self._kernels.popitem(last=False)
         return kernel
+
+
+def _buffers(kernel: Any) -> dict[int, Any]:
+    """The objects holding ``kernel``'s file bytes (the loader's segments are
+    views of the whole file, or copies), by id."""
+    out = {}
+    for seg in kernel.segments:
+        data = seg.data
+        obj = data.obj if isinstance(data, memoryview) else data
+        out[id(obj)] = obj
+    return out
+
+
+def forget_other_images(own: Any) -> None:
+    """In a VM's child, before it runs its guest: nothing of the unikernels
+    the launcher read for other VMs stays readable here. An image read into
+    memory has its pages dropped (they read as zeros; none is copied from
+    the launcher for it) and the bytes at its ends zeroed; a mapped one is
+    replaced by inaccessible pages. Then every cache keeps only ``own``
+    (this VM's kernel, whose bytes place() still needs). The objects stay:
+    nothing in this process reads them again."""
+    import mmap
+
+    from pyvmm._native import ffi, lib
+    from pyvmm.errors import HostError
+
+    keep = _buffers(own) if own is not None else {}
+    for kernel in list(_loaded):
+        if kernel is own:
+            continue
+        for key, obj in _buffers(kernel).items():
+            if key in keep or not len(obj):
+                continue
+            if isinstance(obj, bytes) and len(obj) > 1:  # (not a 1-byte singleton)
+                mapping = 0
+            elif isinstance(obj, mmap.mmap) and not obj.closed:
+                mapping = 1
+            else:
+                continue
+            view = ffi.from_buffer(obj)
+            err = lib.pyvmm_sandbox_forget(int(ffi.cast("uintptr_t", view)), len(obj), mapping)
+            del view
+            if err:
+                raise HostError(f"cannot forget another VM's image: {os.strerror(-err)}")
+        _loaded.discard(kernel)
+    for cache in list(_caches):
+        cache.keep_only(own)
 
 
 def precompute(plan: Any) -> None:
