@@ -7,8 +7,10 @@ TARGET is one of testkit/fuzztargets.py's: `elf` (the loader: ELF header,
 program headers, notes, the ABI, capability and manifest notes), `manifest`,
 `cli` (argv, NUL-separated) or `hypercall` (a hypercall number, a GPA and
 guest memory contents, answered by pyvmm's handlers against real guest
-memory, a block image and a net device) or `http` (a request to `pyvmm
-serve`'s API socket, cut into pieces). The Python code is instrumented
+memory, a block image and a net device), `http` (a request to `pyvmm
+serve`'s API socket, cut into pieces) or `oci` (a container's config.json,
+an image's /pyvmm-oci.json and /urunc.json and a net-args template, read by
+pyvmm-oci against a rootfs with links out of it). The Python code is instrumented
 for coverage (atheris.instrument_all), so libFuzzer's feedback covers
 pyvmm's Python; the cffi extension is reached through it (its C is not
 instrumented: build with clang's -fsanitize=fuzzer-no-link for that).
@@ -47,6 +49,10 @@ def seeds(target: str) -> list[bytes]:
     guests = sorted((ROOT / "guests" / "bin").glob("*.hvt"))
     if target == "elf":
         return [good_elf().build()] + [p.read_bytes() for p in guests[:6]]
+    if target == "oci":
+        from testkit.fuzztargets import oci_seeds
+
+        return oci_seeds()
     if target == "manifest":
         return [
             manifest_desc([(b"", lib.MFT_RESERVED_FIRST), (b"service0", lib.MFT_DEV_NET_BASIC)]),
@@ -97,6 +103,10 @@ def run_atheris(target: str, corpus: Path, seconds: int, extra: list[str]) -> in
         "pyvmm.memory",
         "pyvmm.serve.http",
         "pyvmm.serve.routes",
+        "pyvmm.oci.bundle",
+        "pyvmm.oci.rootfs",
+        "pyvmm.oci.netargs",
+        "pyvmm.oci.runtime",
     ):
         importlib.import_module(module)
     atheris.instrument_all()  # every Python function loaded so far: pyvmm's

@@ -221,3 +221,206 @@ def run(target: str, data: bytes) -> str:
 
 
 __all__ = ["TARGETS", "cli", "elf", "http", "hypercall", "lib", "manifest", "run"]
+
+
+# -- a container's bundle and an image's annotations ---------------------------------
+
+_GUESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "guests", "bin")
+_oci_rig = None
+
+
+class _OciRig:
+    """A bundle whose rootfs holds two unikernels, a disk image, links out
+    of it (absolute, by ``..``, a loop), a FIFO and a device node; beside
+    it a "host" directory with a secret file the image must never reach
+    and a disk file an operator could bind-mount. Built once per process."""
+
+    def __init__(self) -> None:
+        import shutil
+        import stat
+
+        self.tmp = tempfile.TemporaryDirectory(prefix="pyvmm-fuzz-oci-")
+        self.bundle = os.path.join(self.tmp.name, "bundle")
+        self.rootfs = os.path.join(self.bundle, "rootfs")
+        self.host = os.path.join(self.tmp.name, "host")
+        os.makedirs(os.path.join(self.rootfs, "unikernel"))
+        os.makedirs(self.host)
+        for name in ("blocktest", "ping"):
+            src = os.path.join(_GUESTS, f"{name}.hvt")
+            if os.path.exists(src):
+                shutil.copy(src, os.path.join(self.rootfs, "unikernel", f"{name}.hvt"))
+        if os.path.exists(os.path.join(self.rootfs, "unikernel", "blocktest.hvt")):
+            os.symlink("blocktest.hvt", os.path.join(self.rootfs, "unikernel", "kernel.hvt"))
+        self.secret = os.path.join(self.host, "secret.img")
+        for path in (os.path.join(self.rootfs, "disk.img"), os.path.join(self.host, "disk.img")):
+            with open(path, "wb") as f:
+                f.write(bytes(4096))
+        with open(self.secret, "wb") as f:
+            f.write(b"s" * 4096)
+        links = {
+            "escape": self.secret,
+            "up": "../" * 8 + self.secret.lstrip("/"),
+            "dir": "/unikernel",
+            "loop": "loop",
+            "proc": "/proc/self/root" + self.secret,
+        }
+        for name, target in links.items():
+            os.symlink(target, os.path.join(self.rootfs, name))
+        os.mkfifo(os.path.join(self.rootfs, "fifo"))
+        if os.geteuid() == 0:
+            os.mknod(os.path.join(self.rootfs, "null"), stat.S_IFCHR | 0o600, os.makedev(1, 3))
+        self.inside = self._inodes(self.rootfs)
+        self.operator = self._inodes(self.host) - {self._inode(self.secret)}
+
+    @staticmethod
+    def _inode(path: str) -> tuple[int, int]:
+        st = os.stat(path)
+        return st.st_dev, st.st_ino
+
+    def _inodes(self, top: str) -> set[tuple[int, int]]:
+        found = set()
+        for where, _, files in os.walk(top):
+            for name in files:
+                st = os.lstat(os.path.join(where, name))
+                found.add((st.st_dev, st.st_ino))
+        return found
+
+    def write(self, name: str, data: bytes | None) -> None:
+        path = os.path.join(self.rootfs if name != "config.json" else self.bundle, name)
+        if data is None:
+            if os.path.lexists(path):
+                os.unlink(path)
+            return
+        with open(path, "wb") as f:
+            f.write(data)
+
+
+def _get_oci_rig() -> _OciRig:
+    global _oci_rig
+    if _oci_rig is None:
+        _oci_rig = _OciRig()
+    return _oci_rig
+
+
+def _operator_inputs(rig: _OciRig, config: bytes) -> bytes:
+    """What the runtime's caller decides, kept on the rig: the rootfs path
+    and bind mounts' sources are the operator's to choose (pyvmm-oci opens
+    them as given), so a fuzzed one is pointed back at the rig's rootfs or
+    its "host" directory. Everything the image decides is left as fuzzed."""
+    import json
+
+    try:
+        spec = json.loads(config)
+    except (ValueError, RecursionError):
+        return config
+    if not isinstance(spec, dict):
+        return config
+    if isinstance(spec.get("root"), dict) and spec["root"].get("path") not in (None, "rootfs"):
+        spec["root"]["path"] = "rootfs"
+    for mount in spec.get("mounts") if isinstance(spec.get("mounts"), list) else []:
+        if isinstance(mount, dict) and isinstance(mount.get("source"), str):
+            if not mount["source"].startswith("/proc") and mount["source"] != "tmpfs":
+                mount["source"] = os.path.join(rig.host, "disk.img")
+    return json.dumps(spec).encode()
+
+
+NET_VALUES = {
+    "ifname": "eth0",
+    "mac": "02:00:00:00:00:01",
+    "ip": "10.88.0.2",
+    "prefix": "24",
+    "gateway": "10.88.0.1",
+    "mtu": "1500",
+    "cidr": "10.88.0.2/24",
+    "netmask": "255.255.255.0",
+}
+
+
+def oci(data: bytes) -> str:
+    """data: NUL-separated config.json, /pyvmm-oci.json, /urunc.json (a
+    part empty or left out: no such file in the image) and a net-args
+    template.
+
+    Only BundleError may refuse, in one line; what is accepted holds
+    descriptors of files of the rootfs (or of an operator's mount) and
+    never of the host's secret, pyvmm's argv carries no image path, the
+    template fills in under its cap, and no descriptor is left open."""
+    from pyvmm.oci import netargs
+    from pyvmm.oci.bundle import BundleError, net_args, read_bundle
+    from pyvmm.oci.runtime import pyvmm_argv
+
+    rig = _get_oci_rig()
+    parts = data.split(b"\0", 3)
+    rig.write("config.json", _operator_inputs(rig, parts[0]))
+    rig.write("pyvmm-oci.json", parts[1] if len(parts) > 1 and parts[1] else None)
+    rig.write("urunc.json", parts[2] if len(parts) > 2 and parts[2] else None)
+    template = parts[3].decode("utf-8", "surrogateescape") if len(parts) > 3 else None
+    before = sorted(os.listdir("/proc/self/fd"))
+    outcome = "accepted"
+    try:
+        with read_bundle(rig.bundle) as kernel:
+            held = {(st.st_dev, st.st_ino) for st in map(os.fstat, kernel.fds())}
+            assert rig._inode(rig.secret) not in held
+            assert (os.fstat(kernel.fd).st_dev, os.fstat(kernel.fd).st_ino) in rig.inside
+            for block in kernel.blocks.values():
+                st = os.fstat(block.fd)
+                assert (st.st_dev, st.st_ino) in rig.inside | rig.operator, block
+            tap = "pvtap0" if kernel.net_devices else None
+            argv = pyvmm_argv(kernel, tap, NET_VALUES["mac"] if tap else None)
+            assert all(isinstance(a, str) and "\0" not in a for a in argv)
+            assert not any(rig.tmp.name in a for a in argv), argv
+            if kernel.net_template is not None:
+                words = netargs.fill(kernel.net_template, NET_VALUES)
+                assert sum(map(len, words)) <= netargs.WORDS_MAX
+    except BundleError as err:
+        assert "\n" not in str(err) and len(str(err)) < 1000, str(err)
+        outcome = "refused"
+    except netargs.TemplateError as err:
+        assert "\n" not in str(err)  # the filled-in words over their cap
+        outcome = "refused"
+    if template is not None:
+        try:
+            words = net_args(template, NET_VALUES)
+            assert all(isinstance(w, str) for w in words)
+        except BundleError as err:
+            assert "\n" not in str(err) and len(str(err)) < 1000, str(err)
+    assert sorted(os.listdir("/proc/self/fd")) == before
+    return outcome
+
+
+def oci_seeds() -> list[bytes]:
+    """Bundles as containerd writes them and images as pyvmm-oci pack does."""
+    import json
+
+    def spec(**extra) -> bytes:
+        base = {"ociVersion": "1.0.2", "root": {"path": "rootfs"}, "process": {"args": []}}
+        return json.dumps({**base, **extra}).encode()
+
+    block = "org.pyvmm.unikernel.block.storage"
+    notes = json.dumps(
+        {"org.pyvmm.unikernel.binary": "/unikernel/blocktest.hvt", block: "/disk.img"}
+    ).encode()
+    net = {"linux": {"namespaces": [{"type": "network", "path": "/var/run/netns/pod"}]}}
+    return [
+        spec(),
+        spec(process={"args": ["/unikernel/kernel.hvt", "7", "x"]}),
+        spec(linux={"resources": {"memory": {"limit": 64 << 20}}}) + b"\0" + notes,
+        spec(annotations={block: "/escape"}) + b"\0" + notes,
+        spec(mounts=[{"destination": "/data", "type": "bind", "source": "/srv/disk.img"}])
+        + b"\0"
+        + json.dumps({block: "/data"}).encode(),
+        spec(**net)
+        + b"\0"
+        + json.dumps(
+            {
+                "org.pyvmm.unikernel.binary": "/unikernel/ping.hvt",
+                "org.pyvmm.unikernel.net-args": "--ipv4={cidr} --ipv4-gateway={gateway}",
+            }
+        ).encode(),
+        spec() + b"\0\0" + b'{"com.urunc.unikernel.binary": "L3VuaWtlcm5lbC9ibG9ja3Rlc3QuaHZ0"}',
+        spec() + b"\0{}\0{}\0{ip} '{mac}' {{x}}",
+    ]
+
+
+TARGETS = (*TARGETS, "oci")
+__all__ = [*__all__, "oci", "oci_seeds"]

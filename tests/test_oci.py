@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -298,6 +299,87 @@ def test_an_image_without_a_unikernel_gets_one_line(containerd):
     assert containerd.containers() == []
 
 
+def _entry(name: str, kind: bytes, data: bytes = b"", **fields) -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.type, info.size, info.mode = kind, len(data), 0o644
+    for key, value in fields.items():
+        setattr(info, key, value)
+    return info, data
+
+
+# An image's block annotation names /disk.img; what the image makes of it.
+DISK_IMAGES = {
+    "a link to a host file": (
+        lambda host: [_entry("disk.img", tarfile.SYMTYPE, linkname=str(host))],
+        "org.pyvmm.unikernel.block.storage=/disk.img: /disk.img is not a file in the rootfs",
+    ),
+    "a link out by ..": (
+        lambda host: [_entry("disk.img", tarfile.SYMTYPE, linkname="../" * 20 + str(host)[1:])],
+        "org.pyvmm.unikernel.block.storage=/disk.img: /disk.img is not a file in the rootfs",
+    ),
+    "a host block device node": (
+        lambda host: [_entry("disk.img", tarfile.BLKTYPE, devmajor=7, devminor=0)],
+        "org.pyvmm.unikernel.block.storage=/disk.img: /disk.img is a device node "
+        "(an image may name regular files only)",
+    ),
+    "a file of its own": (
+        lambda host: [_entry("disk.img", tarfile.REGTYPE, bytes(64 << 10))],
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", DISK_IMAGES)
+def test_an_image_s_disk_is_a_file_of_its_rootfs_or_refused(containerd, tmp_path, case):
+    """The image may not reach a host file or device through a link or a
+    node of its own: create fails with one line and the host file is as it
+    was; a disk the image carries is the guest's to write."""
+    host = tmp_path / "secret.img"
+    host.write_bytes(b"s" * (64 << 10))
+    host.chmod(0o600)
+    members, refusal = DISK_IMAGES[case]
+    name = "disk" + str(list(DISK_IMAGES).index(case))
+    archive = os.path.join(containerd.dir, f"{name}.tar")
+    oci_image.build(
+        str(guest("blocktest")),
+        archive,
+        name=ref(name),
+        annotations={"org.pyvmm.unikernel.block.storage": "/disk.img"},
+        members=members(host),
+    )
+    containerd.ctr("image", "import", archive)
+    done = containerd.run(ref(name), name + "c")
+    if refusal is None:
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.rstrip().endswith("SUCCESS")
+    else:
+        assert done.returncode != 0
+        assert f"OCI runtime create failed: {refusal}" in done.stderr, done.stderr
+    assert host.read_bytes() == b"s" * (64 << 10)
+    assert containerd.containers() == []
+
+
+def test_a_bad_net_args_template_in_an_image_gets_one_line(containerd):
+    """A str.format template would have run {ip.__class__} (or a width of
+    a million) for the image; only plain names are filled in."""
+    archive = os.path.join(containerd.dir, "badtemplate.tar")
+    oci_image.build(
+        str(guest("hello")),
+        archive,
+        name=ref("badtemplate"),
+        annotations={"org.pyvmm.unikernel.net-args": "{ip.__class__}"},
+    )
+    containerd.ctr("image", "import", archive)
+    done = containerd.run(ref("badtemplate"), "badtemplate1")
+    assert done.returncode != 0
+    assert (
+        "OCI runtime create failed: org.pyvmm.unikernel.net-args: bad template: "
+        "'{ip.__class__}' is not a name it may use: {ip}, {prefix}, " in done.stderr
+    ), done.stderr
+    assert "Traceback" not in done.stderr
+    assert containerd.containers() == []
+
+
 @pytest.mark.netns
 def test_a_networked_unikernel_answers_ping_through_a_cni_style_veth(containerd):
     with NetNamespace() as pod, NetNamespace() as peer:
@@ -388,6 +470,11 @@ def status():
     return json.loads(out)["status"] if rc == 0 else err.strip()
 seen["create"] = create()
 pid = int(open(pidfile).read())
+root = oci[oci.index("--root") + 1]
+def mode(path):
+    return oct(os.stat(path).st_mode & 0o777) if os.path.exists(path) else None
+state_dir = os.path.join(root, cid)
+seen["modes"] = [mode(state_dir), mode(os.path.join(state_dir, "state.json")), mode(pidfile)]
 seen["created"] = status()
 seen["start"] = run("start", cid)[0]
 time.sleep(float(sys.argv[4]))
@@ -442,6 +529,7 @@ def test_create_start_state_kill_delete_without_containerd(tmp_path):
     seen = _lifecycle(str(root), str(bundle), "spin2", 2.0, "15", "in-process")
     assert seen == {
         "create": 0,
+        "modes": ["0o700", "0o600", "0o600"],  # the state and the pid file: root's only
         "created": "created",
         "start": 0,
         "running": "running",
