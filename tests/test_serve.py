@@ -66,7 +66,11 @@ def launcher(tmp_path_factory):
     yield server
     assert server.stop() == 128 + signal.SIGTERM, server.log.read_text()
     assert not os.path.exists(server.path)  # the socket goes with it
-    assert "Traceback" not in server.log.read_text()
+    log = server.log.read_text()
+    assert "Traceback" not in log
+    assert log.endswith(
+        f"pyvmm: launcher {server.proc.pid}: stopped by SIGTERM (Exiting on signal 15)\n"
+    )
 
 
 def cli_line(*args) -> str:
@@ -329,7 +333,10 @@ def test_run_client_errors_are_the_commands(launcher):
     assert proc.returncode == 1 and err.strip() == cli_line(), err
     result = run_pyvmm("run", "--api-sock", "/nonexistent/api.sock", guest("hello"))
     assert result.returncode == 1
-    assert result.stderr.startswith("pyvmm: --api-sock=/nonexistent/api.sock: cannot connect")
+    assert result.stderr == (
+        "pyvmm: --api-sock=/nonexistent/api.sock: cannot connect: No such file or directory "
+        "(is `pyvmm serve --api-sock=/nonexistent/api.sock` running?)\n"
+    )
 
 
 def test_trace_through_the_launcher_starts_at_the_request(launcher, tmp_path):
@@ -561,12 +568,13 @@ def test_the_sandbox_self_test_through_the_launcher(tmp_path):
         err = tmp_path / "err"
         status, end = server.create(guest("hello"), stdout=os.devnull, stderr=str(err), wait=True)
         assert status == 200 and end["exit_status"] == 0, end
-        assert err.read_text().splitlines() == [
-            "pyvmm: sandbox self-test: socket: refused: Operation not permitted",
-            "pyvmm: sandbox self-test: execve: refused: Operation not permitted",
-            "pyvmm: sandbox self-test: open for writing: refused: Operation not permitted",
-            "pyvmm: sandbox self-test: non-KVM ioctl: refused: Operation not permitted",
-        ]
+        command = run_pyvmm(guest("hello"), env=dict(os.environ, PYVMM_SANDBOX_SELFTEST="1"))
+        assert command.returncode == 0, command
+        lines = err.read_text().splitlines()
+        assert lines == command.stderr.splitlines()
+        for refused in ("socket", "execve", "open for writing", "non-KVM ioctl"):
+            line = f"pyvmm: sandbox self-test: {refused}: refused: Operation not permitted"
+            assert line in lines, lines
         assert "imported_after_fork" not in end
     finally:
         assert server.stop() == 128 + signal.SIGTERM, server.log.read_text()
@@ -583,7 +591,7 @@ def test_sigusr1_prints_a_vms_counters_and_it_runs_on(launcher, tmp_path, pooled
     for count in (1, 2):
         os.kill(vm["pid"], signal.SIGUSR1)
         deadline = time.monotonic() + 30
-        while err.read_text().count("s, privilege") < count:
+        while err.read_text().count("pyvmm: counters after the guest ran") < count:
             assert time.monotonic() < deadline, err.read_text()
             time.sleep(0.02)
     assert launcher.api("GET", f"/vms/{vm['id']}")[1]["state"] == "running"
@@ -608,3 +616,142 @@ def test_the_rehearsal_of_a_create_that_no_longer_plans_changes_nothing(tmp_path
         assert not server.vms and not server.live
     finally:
         server._close()
+
+
+# -- the API's description, its versions, its errors, its log ------------------------
+
+
+class Described:
+    """Requests whose every answer is checked against the launcher's own
+    OpenAPI document (GET /openapi.json): the status is one the operation
+    lists (an error: any, with the one Error shape) and the body matches
+    its schema. Records which operations it saw."""
+
+    def __init__(self, launcher: Launcher) -> None:
+        from openapi_spec_validator import validate
+
+        status, self.doc = launcher.api("GET", "/openapi.json")
+        assert status == 200
+        validate(self.doc)  # an OpenAPI 3.1 document
+        assert self.doc["openapi"].startswith("3.")
+        self.launcher = launcher
+        self.seen: set[tuple[str, str]] = set()
+
+    def template(self, path: str) -> str | None:
+        import re
+
+        path = path.split("?")[0].removeprefix("/v1").rstrip("/") or "/"
+        for template in self.doc["paths"]:
+            if re.fullmatch(re.sub(r"\{[^/]+\}", "[^/]+", template), path):
+                return template
+        return None
+
+    def check(self, method: str, path: str, status: int, body) -> None:
+        from openapi_schema_validator import OAS31Validator, validate
+
+        template = self.template(path)
+        operation = self.doc["paths"].get(template, {}).get(method.lower())
+        if operation is None:  # not described: a 404 or 405, an error like any
+            assert status in (404, 405), (method, path, status, body)
+            schema = {"$ref": "#/components/schemas/Error", "components": self.doc["components"]}
+            validate(body, schema, cls=OAS31Validator)
+            return
+        answers = operation["responses"]
+        if status < 400:
+            assert str(status) in answers, (method, path, status, body)
+        answer = answers.get(str(status)) or answers["default"]
+        schema = answer["content"]["application/json"]["schema"]
+        validate(body, {**schema, "components": self.doc["components"]}, cls=OAS31Validator)
+        if status >= 400:
+            assert set(body) == {"error", "exit_status"}, body
+        self.seen.add((method, template))
+
+    def __call__(self, method: str, path: str, body=None, expect: int | None = None):
+        status, answer = self.launcher.api(method, path, body)
+        self.check(method, path, status, answer)
+        if expect is not None:
+            assert status == expect, (method, path, status, answer)
+        return status, answer
+
+    def raw(self, method: str, path: str, raw: bytes, expect: int):
+        status, answer = raw_request(self.launcher.path, method.encode(), path.encode(), raw)
+        self.check(method, path, status, answer)
+        assert status == expect, answer
+        return answer
+
+
+def test_the_live_answers_match_the_openapi_document_under_both_prefixes(launcher, tmp_path):
+    api = Described(launcher)
+    assert launcher.api("GET", "/v1/openapi.json") == (200, api.doc)
+    assert api("GET", "/", expect=200)[1]["api"] == "v1"
+    assert api("GET", "/v1/", expect=200)[1]["pid"] == launcher.proc.pid
+    out = tmp_path / "console"
+    spin = ["--mem=64", str(guest("spin"))]
+    api("POST", "/v1/vms", {"argv": spin, "id": "doc-spin", "stdout": str(out)}, expect=201)
+    wait_for(out, "spinning")
+    api("POST", "/v1/vms", {"argv": spin, "id": "doc-spin"}, expect=409)
+    listed = api("GET", "/v1/vms", expect=200)[1]["vms"]
+    assert "doc-spin" in [vm["id"] for vm in listed]
+    api("GET", "/vms/doc-spin", expect=200)
+    api("GET", "/v1/vms/doc-spin/stats", expect=200)
+    end = api("POST", "/v1/vms/doc-spin/stop", {"signal": "SIGINT"}, expect=200)[1]
+    assert end["exit_status"] == 128 + signal.SIGINT
+    api("GET", "/v1/vms/doc-spin/wait", expect=200)
+    api("GET", "/vms/doc-spin/stats", expect=200)  # the final counters
+    api("DELETE", "/v1/vms/doc-spin", expect=200)
+    api("GET", "/v1/vms/doc-spin", expect=404)
+    args = ["--mem=64", str(guest("args")), "6"]
+    assert api("POST", "/vms", {"argv": args, "wait": True}, expect=200)[1]["exit_status"] == 6
+    # A pool, and what it lists.
+    api("POST", "/v1/pool", {"argv": args, "size": 1}, expect=201)
+    assert api("GET", "/v1/pool", expect=200)[1]["pools"][0]["size"] == 1
+    api("DELETE", "/pool", expect=200)
+    # Errors: one shape, with the exit status where a VM ended.
+    assert api("POST", "/v1/vms", {"argv": ["--bogus"]}, expect=400)[1]["exit_status"] is None
+    no_tap = ["--mem=64", "--net=pyvmmnosuch0", str(guest("udpsink")), "10.0.0.2", "5000"]
+    failed = api("POST", "/v1/vms", {"argv": no_tap}, expect=400)[1]
+    assert failed["exit_status"] == 1 and "Could not attach" in failed["error"], failed
+    api("PUT", "/v1/vms", expect=405)
+    api("GET", "/v1/nothing/here", expect=404)
+    api("GET", "/v2/vms", expect=404)
+    api("POST", "/v1/vms/nosuch/stop", expect=404)
+    api.raw("POST", "/v1/vms", b"{not json", expect=400)
+    api.raw("POST", "/v1/pool", b'{"argv": [], "size": 99}', expect=400)
+    # Every operation the document names was asked for, and answered as it says.
+    described = {
+        (method.upper(), template)
+        for template, item in api.doc["paths"].items()
+        for method in item
+        if method != "parameters"
+    }
+    assert described == api.seen | {("GET", "/openapi.json")}
+
+
+def test_the_openapi_document_names_every_route_the_launcher_serves():
+    from pyvmm.serve.openapi import document
+    from pyvmm.serve.routes import ROUTES
+
+    doc = document()
+    served = {(m.lower(), t) for m, t in ROUTES}
+    described = {(m, t) for t, item in doc["paths"].items() for m in item if m != "parameters"}
+    assert served == described
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["fork", "pooled"])
+def test_the_launchers_log_names_the_vm_a_line_is_about(launcher, tmp_path, pooled):
+    """A VM with no stderr of its own: its lines (here its stop) reach the
+    launcher's log with its id."""
+    out = tmp_path / "console"
+    argv = ["--mem=64", str(guest("spin").relative_to(ROOT))]
+    vm_id = f"named-{'pooled' if pooled else 'fork'}"
+    start(launcher, tmp_path, argv, pooled, stdout=str(out), id=vm_id)
+    wait_for(out, "spinning")
+    status, end = launcher.api("DELETE", f"/v1/vms/{vm_id}")
+    assert status == 200 and end["exit_status"] == 128 + signal.SIGTERM, end
+    wait_for(launcher.log, f"pyvmm: vm {vm_id}: stopped by SIGTERM (Exiting on signal 15)\n")
+    unnamed = [
+        line
+        for line in launcher.log.read_text().splitlines()
+        if line.startswith("pyvmm: stopped by")
+    ]
+    assert unnamed == [], unnamed

@@ -77,6 +77,8 @@ def send(
             data = data[socket.send_fds(sock, [data], fds) :]
         if data:  # (sendall sends even nothing, and the launcher may have answered)
             sock.sendall(data)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the launcher answered and closed before reading it all: its answer is next
     except OSError as err:
         raise ClientError(f"cannot send to the launcher: {err.strerror}") from None
 
