@@ -183,8 +183,8 @@ def forget_other_images(own: Any) -> None:
     """In a VM's child, before it runs its guest: nothing of the unikernels
     the launcher read for other VMs stays readable here. An image read into
     memory has its pages dropped (they read as zeros; none is copied from
-    the launcher for it) and the bytes at its ends zeroed; a mapped one is
-    replaced by inaccessible pages. Then every cache keeps only ``own``
+    the launcher for it) and the bytes at its ends zeroed; a mapped one (an
+    mmap, a lease's view) is replaced by inaccessible pages. Then every cache keeps only ``own``
     (this VM's kernel, whose bytes place() still needs). The objects stay:
     nothing in this process reads them again."""
     import mmap
@@ -201,13 +201,18 @@ def forget_other_images(own: Any) -> None:
                 continue
             if isinstance(obj, bytes) and len(obj) > 1:  # (not a 1-byte singleton)
                 mapping = 0
-            elif isinstance(obj, mmap.mmap) and not obj.closed:
+            elif isinstance(obj, (mmap.mmap, ffi.buffer)):  # a file mapping (a lease's view)
+                if isinstance(obj, mmap.mmap) and obj.closed:
+                    continue
                 mapping = 1
             else:
                 continue
             view = ffi.from_buffer(obj)
-            err = lib.pyvmm_sandbox_forget(int(ffi.cast("uintptr_t", view)), len(obj), mapping)
+            address = int(ffi.cast("uintptr_t", view))
             del view
+            if mapping and address % mmap.PAGESIZE:
+                continue  # not a mapping of its own
+            err = lib.pyvmm_sandbox_forget(address, len(obj), mapping)
             if err:
                 raise HostError(f"cannot forget another VM's image: {os.strerror(-err)}")
         _loaded.discard(kernel)
