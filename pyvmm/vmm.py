@@ -253,11 +253,11 @@ class Vmm:
             trace.mark("guest: run to its end")
             if service is not None:
                 service.stop()
-                trace.mark("tear-down: IO thread stop")
-                if io_thread is not None:
+                if io_thread is not None:  # --trace: its life, on its own thread
                     served = service.counters()
                     what = f"IO thread ({served['mode']}): serving the net devices"
                     trace.thread_ended(io_thread, what, served["thread"])
+                trace.mark("tear-down: IO thread stop")
             with self.running_lock:
                 self.running.clear()
             lib.pyvmm_signals_restore()

@@ -237,6 +237,78 @@ def test_live_counts_agree_with_the_guest(tmp_path):
     assert max(rates) >= 1000, err
 
 
+@pytest.mark.netns
+@pytest.mark.parametrize("shm", ["off", "event"])
+def test_the_taps_own_drops_are_reported_beside_pyvmms(tmp_path, shm):
+    """Datagrams sent while nobody reads the tap (pyvmm stopped with
+    SIGSTOP) are dropped by the kernel once the tap's queue is full: --stats
+    reports them as the tap's, apart from pyvmm's own drops, exactly as the
+    kernel counts them, and with what the guest received they add up to
+    what was sent."""
+    from pyvmm.devices.net.tap import link_stats
+
+    path = tmp_path / "drops.jsonl"
+    with NetNamespace() as ns:
+        ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")
+        ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
+        ns.add_tap("tap100", address="10.0.0.1/24")
+        ns.run(
+            ["ip", "neigh", "replace", "10.0.0.2", "lladdr", "02:00:00:00:00:02", "dev", "tap100"],
+            check=True,
+        )
+
+        def kernel() -> dict:  # pyroute2's reading: not the one under test
+            with ns.iproute() as ipr:
+                return dict(ipr.get_links(ifname="tap100")[0].get("stats64"))
+
+        before = kernel()
+        vm, head = ns.start_pyvmm(
+            "--stats=100ms",
+            f"--stats-json={path}",
+            f"--shm={shm}",
+            "--net:service0=tap100",
+            "--net-mac:service0=02:00:00:00:00:02",
+            guest("udpsink"),
+            "10.0.0.2",
+            "5000",
+            "0",
+            "500",
+        )
+        vm.send_signal(signal.SIGSTOP)
+        try:
+            sent = ns.run(
+                [sys.executable, "-m", "testkit.traffic", "10.0.0.2", "5000"]
+                + ["--count", "3000", "--rate", "20000", "--size", "200"],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=120,
+            )
+        finally:
+            vm.send_signal(signal.SIGCONT)
+        out, err = vm.communicate(timeout=60)
+        after = kernel()
+        with ns.inside():
+            index = ns.link("tap100")["index"]
+            ours = link_stats(index)
+    assert vm.returncode == 0, head + out + err
+    # pyvmm's reader and pyroute2's agree on every counter.
+    assert {k: ours[k] for k in after if k in ours} == {k: after[k] for k in ours if k in after}
+    final = json.loads(path.read_text().splitlines()[-1])
+    dropped = final["taps"]["service0"]["tx_dropped"]
+    assert dropped == after["tx_dropped"] - before["tx_dropped"] > 0
+    frames = int(helpers.guest_report(head + out)["frames"])
+    assert frames + dropped == json.loads(sent.stdout)["sent"]
+    lines = err.splitlines()
+    assert (
+        f"    dropped by pyvmm: none; by the tap (the kernel): {dropped} to the guest "
+        "(not read in time), 0 from it"
+    ) in lines, err
+    rows = live_rows(err)
+    assert any(int(r["dropped: tap/s"]) > 0 for r in rows), err
+    assert all(r["dropped: pyvmm/s"] == "0" for r in rows)
+
+
 def test_python_api_runs_reads_and_stops_a_guest():
     vm = Guest(guest("spin"))
     vm.start()
