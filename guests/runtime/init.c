@@ -5,7 +5,12 @@
 #include "rt_internal.h"
 
 /* The program's own manifest note (manifest.h), whose size only the
- * program knows: seen here as bytes, struct mft at RT_MANIFEST_DESC_OFFSET. */
+ * program knows: seen here as bytes, struct mft at RT_MANIFEST_DESC_OFFSET.
+ * A program built with Solo5's toolchain has the note solo5-elftool
+ * generates, with the same layout under Solo5's name. */
+#ifdef RT_SOLO5_BINDINGS
+#define solo5_manifest_note __solo5_mft1_note
+#endif
 extern const char solo5_manifest_note[];
 
 extern char _end[]; /* linker script: end of .bss, page aligned */
@@ -55,6 +60,9 @@ static void check_manifest(const struct mft *m)
 
 void rt_init(const struct hvt_boot_info *bi)
 {
+#ifdef RT_SOLO5_BINDINGS
+    rt_solo5_start();
+#endif
     boot_info = bi;
     rt_platform_setup(bi);
     rt_clock_init(bi);
@@ -63,6 +71,9 @@ void rt_init(const struct hvt_boot_info *bi)
     check_manifest(host_mft);
 
     start_info.cmdline = bi->cmdline ? (const char *)(uintptr_t)bi->cmdline : "";
+#ifdef RT_SOLO5_BINDINGS
+    start_info.cmdline = rt_solo5_cmdline(start_info.cmdline);
+#endif
 
     /* The tender's kernel_end may leave out a .bss-only segment (loaders
      * skip PT_LOADs without file contents), so also use our own _end. */
@@ -72,6 +83,17 @@ void rt_init(const struct hvt_boot_info *bi)
     heap_start = (heap_start + 4095) & ~(uintptr_t)4095;
     if (heap_start >= bi->mem_size)
         init_fail("no guest memory left after the program");
+#ifdef RT_SOLO5_BINDINGS
+    /* The program owns its whole heap: the runtime's comes first. */
+    uintptr_t rt_heap = heap_start;
+    heap_start = (heap_start + rt_solo5_runtime_heap(host_mft) + 4095) &
+                 ~(uintptr_t)4095;
+    if (heap_start >= bi->mem_size)
+        init_fail("no guest memory left after the program");
+    rt_heap_init(rt_heap, heap_start);
+    start_info.heap_start = heap_start;
+    start_info.heap_size = bi->mem_size - heap_start;
+#else
     start_info.heap_start = heap_start;
     start_info.heap_size = bi->mem_size - heap_start;
     /* rt_alloc leaves the top of the heap to the stack; with very little
@@ -80,6 +102,7 @@ void rt_init(const struct hvt_boot_info *bi)
         rt_heap_init(heap_start, bi->mem_size - RT_STACK_RESERVE);
     else
         rt_heap_init(heap_start, heap_start);
+#endif
 
     solo5_exit(solo5_app_main(&start_info));
 }

@@ -102,4 +102,19 @@ struct rt_yield_ops {
 };
 void rt_yield_set_ops(const struct rt_yield_ops *ops);
 
+/*
+ * Built as Solo5 bindings (solo5_pyvmm.o, RT_SOLO5_BINDINGS):
+ * solo5_bindings.c and traps.c.
+ */
+/* First thing at entry: the stack protector's guard, CPL 0 trap handlers. */
+void rt_solo5_start(void);
+/* The command line without the bindings' own leading --solo5:LEVEL words. */
+const char *rt_solo5_cmdline(const char *cmdline);
+/* x86_64 at CPL 0: an IDT whose handlers report a trap and abort. */
+void rt_traps_init(void);
+/* The heap the runtime keeps for itself (the zero-copy read's buffers on
+ * the hypercall path, one frame per net device), below the program's: a
+ * Solo5 program owns all of the heap it is given. */
+size_t rt_solo5_runtime_heap(const struct mft *m);
+
 #endif

@@ -44,6 +44,15 @@ void solo5_abort(void) __attribute__((noreturn));
  * without FSGSBASE. */
 solo5_result_t solo5_set_tls_base(uintptr_t base);
 
+/* Thread-local storage blocks (Solo5's API): the bytes one block takes,
+ * the thread pointer to give solo5_set_tls_base for a block at (tls), and
+ * filling a block with the program's initial TLS values.  Provided when
+ * the runtime is linked as Solo5 bindings (solo5_pyvmm.o), whose linker
+ * script lays the TLS template out; pyvmm's own guests use no TLS. */
+size_t solo5_tls_size(void);
+uintptr_t solo5_tls_tp_offset(uintptr_t tls);
+solo5_result_t solo5_tls_init(uintptr_t tls);
+
 /* Time in nanoseconds. */
 typedef uint64_t solo5_time_t;
 /* Nanoseconds since an unspecified moment (here: guest start), from the TSC. */
