@@ -64,7 +64,7 @@ class VmConfig:
     pin_io: int | None = None
     # Counters (statsview.py): a human summary on stderr at exit; with an
     # interval (seconds) also a line of rates per interval; JSON lines to a
-    # file ("-": stdout) at exit and per interval.
+    # file ("-": stderr, stdout being the console) at exit and per interval.
     stats: bool = False
     stats_interval: float | None = None
     stats_json: str | None = None

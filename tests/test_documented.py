@@ -196,6 +196,9 @@ def test_pyvmm_debug_shows_the_traceback_of_an_internal_error():
 
 STATS_KEYS = {
     "schema",
+    "record",
+    "unix_time",
+    "exit_status",
     "cpl",
     "exits_to_pyvmm",
     "hypercalls",
@@ -372,7 +375,7 @@ def test_demo_boots_pings_and_shows_the_counters():
     out = result.stdout
     assert "5 received" in out, out
     assert "# pyvmm exited with status 0" in out
-    assert re.search(r"pyvmm\|   net service0: rx \d+ frames", out), out
-    assert re.search(r"pyvmm\|   IO thread: wake-ups \d+", out), out
+    assert re.search(r"pyvmm\|   net service0: to the guest \d+ frames", out), out
+    assert re.search(r"pyvmm\|   IO thread \(\w+\): guest kicks \d+", out), out
     name = re.search(r"^# namespace (\S+):", out, re.M).group(1)
     assert not os.path.exists(f"/var/run/netns/{name}"), "the demo left its namespace behind"
