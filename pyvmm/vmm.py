@@ -164,7 +164,7 @@ class Vmm:
             self.stack.callback(ring.close)
             self.net_service = ("solo5_ring", ring)
             boot = replace(boot, host_features=lib.HVT_FEATURE_RING_IO, net_ring=ring.gpa)
-        layout = plan.shm_layout
+        layout = plan.shm_layout and plan.shm_layout.serving(nets)
         if layout is None:
             return boot, None
         from pyvmm.devices.net.shmstream import ShmStream

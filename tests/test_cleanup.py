@@ -70,11 +70,13 @@ CASES = {
         ),
         1 if shm == "off" else 0,
     ),
-    # Taps open, VM and memory exist, then set-up fails (MTU 9000 does not
-    # fit a shmstream slot): nothing acquired so far may stay behind.
+    # Taps open, VM and memory exist, the IO thread runs, then set-up fails
+    # (--user names nobody): nothing acquired so far may stay behind.
     "fails-after-tap": lambda shm: (
-        VmConfig(kernel=str(guest("ping")), devices={"net": nets()}, shm=shm),
-        "too large for shmstream",
+        VmConfig(
+            kernel=str(guest("ping")), devices={"net": nets()}, shm=shm, user="pyvmm-no-such-user"
+        ),
+        "no user named",
     ),
 }
 
@@ -89,7 +91,7 @@ PATHS += [("fails-after-tap", shm) for shm in MODES if shm != "off"]
 def test_every_exit_path_releases_everything(case, shm):
     config, expected = CASES[case](shm)
     with NetNamespace() as ns:
-        ns.add_tap("tap100", address="10.0.0.1/24", mtu=9000 if case == "fails-after-tap" else None)
+        ns.add_tap("tap100", address="10.0.0.1/24")
         run_in(ns, CASES["halt"](shm)[0])  # warm up lazy imports and caches
         before = resources()
         for _ in range(3):

@@ -10,12 +10,13 @@ Layout and protocol: csrc/shmstream.h, docs/abi.md, docs/modes.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pyvmm._native import ffi, lib
 from pyvmm.devices.net.device import NetDevice
 from pyvmm.errors import UsageError
 from pyvmm.iothread import IoConfig, IoService
+from pyvmm.log import log
 from pyvmm.memory import MIB, PAGE_SIZE, GuestMemory
 
 REGION_ALIGN = 2 * MIB
@@ -70,6 +71,27 @@ class ShmLayout:
                 f"{REGION_ALIGN // MIB} MiB for the guest), or --shm=off for plain hypercalls"
             )
         return ShmLayout(mem_size - size, size, slots, ring_size, handles)
+
+    def serving(self, nets: dict[int, NetDevice]) -> ShmLayout | None:
+        """This layout for the devices whose frames fit in a slot, or None if
+        none does. A tap's MTU is known only once it is attached; a device
+        with a larger one (a jumbo-frame tap) is left to the hvt hypercalls,
+        which the guest's driver uses for every device the region does not
+        list, so the guest starts as under solo5-hvt."""
+        fits = tuple(h for h in self.handles if nets[h].max_frame <= MAX_FRAME)
+        for handle in self.handles:
+            if handle not in fits:
+                device = nets[handle]
+                log.info(
+                    "net device '%s': tap MTU %d is too large for shmstream slots "
+                    "(at most %d): hvt hypercalls for it",
+                    device.name,
+                    device.mtu,
+                    MAX_FRAME - lib.HVT_ETH_HLEN,
+                )
+        if fits == self.handles:
+            return self
+        return replace(self, handles=fits) if fits else None
 
     def rings(self, i: int) -> tuple[int, int]:
         """GPAs of device i's RX and TX rings."""
