@@ -97,6 +97,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import baseline, pps_chart  # noqa: E402
+from pyvmm.statsview import is_live_line  # noqa: E402
 from testkit.helpers import STATS_SCHEMA, guest_report  # noqa: E402
 from testkit.netns import NetNamespace  # noqa: E402
 
@@ -195,7 +196,7 @@ class Tender:
         """The tender's stderr without pyvmm's live rate lines."""
         self.err.flush()
         text = self.err_path.read_text(errors="replace")
-        return "".join(ln for ln in text.splitlines(True) if not ln.startswith("pyvmm: t="))
+        return "".join(ln for ln in text.splitlines(True) if not is_live_line(ln))
 
     def snapshot(self, newer_than: float = -1.0, timeout: float = 2.0) -> dict | None:
         """pyvmm: the newest interval snapshot (one newer than ``newer_than``

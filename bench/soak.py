@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from pyvmm.statsview import is_live_line  # noqa: E402
 from testkit.netns import NetNamespace  # noqa: E402
 
 GUESTS = ROOT / "guests" / "bin"
@@ -145,7 +146,7 @@ def one_run(ns: NetNamespace, mode: str, args, tmp: Path, stop: threading.Event)
         err += "\n(no end 30 s after SIGTERM: killed)"
     tap_after = ns.link("tap100")["stats"]
     status = proc.returncode
-    lines = [line for line in err.splitlines() if not line.startswith("pyvmm: t=")]
+    lines = [line for line in err.splitlines() if not is_live_line(line)]
     clean = (
         not ended_early
         and status == 143
