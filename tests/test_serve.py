@@ -187,8 +187,9 @@ def test_stats_json_to_the_vms_stderr(launcher, tmp_path, pooled):
     out = tmp_path / "stderr"
     status, end = launcher.create(*argv, cwd=str(ROOT), stderr=str(out), wait=True)
     assert status == 200 and end["exit_status"] == 0 and end.get("pooled", False) == pooled
-    last = out.read_text().splitlines()[-1]
-    assert json.loads(last)["schema"] == "pyvmm-stats/1"
+    last = json.loads(out.read_text().splitlines()[-1])
+    assert last["schema"] == "pyvmm-stats/1"
+    assert last["record"] == "final" and last["exit_status"] == 0
     if pooled:
         launcher.api("DELETE", "/pool")
 

@@ -321,12 +321,16 @@ def _run(spec: ChildSpec, channel: int, usr1: int, times: dict[str, int]) -> tup
         if not spec.pooled:
             output = counters_output()
         answer.output = output
+        status = None
         try:
             status = vmm.run()
+        except PyvmmError as err:
+            status = err.exit_status  # for the final --stats-json record
+            raise
         finally:
             answer.tell_started()
             final = answer.finish()
-            output.finish(final)
+            output.finish(final, exit_status=status)
             _send(channel, {"event": "final", "report": final})
     return status, final
 
