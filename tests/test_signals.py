@@ -59,18 +59,23 @@ def test_stop_signal_stops_a_cpu_bound_guest(cpl, sig):
     assert err.strip() == f"pyvmm: stopped by {sig.name} (Exiting on signal {sig.value})"
 
 
-@pytest.mark.parametrize("how", ["launcher", "python -m"])
+@pytest.mark.parametrize("how", ["launcher", "python -m", "pyvmm run"])
 def test_a_console_whose_reader_left_ends_pyvmm_with_141(tmp_path, how):
     """``pyvmm chatty.hvt | head -1`` returns once head has its line, and
     pyvmm's own status is 141 (128 + SIGPIPE), as solo5-hvt's and any
     filter's, after the whole clean-up (here: every tear-down phase, the
     final counters) and without a word."""
     timeline, stats = tmp_path / "trace.json", tmp_path / "stats.jsonl"
-    pyvmm = (
-        [str(ROOT / "pyvmm" / "_launcher")]
-        if how == "launcher"
-        else [sys.executable, "-m", "pyvmm"]
-    )
+    server = None
+    if how == "launcher":
+        pyvmm = [str(ROOT / "pyvmm" / "_launcher")]
+    elif how == "python -m":
+        pyvmm = [sys.executable, "-m", "pyvmm"]
+    else:  # through the warm launcher: its VM shares the client's console
+        from test_serve import Launcher
+
+        server = Launcher(tmp_path)
+        pyvmm = [sys.executable, "-m", "pyvmm", "run", "--api-sock", server.path]
     argv = [*pyvmm, f"--trace={timeline}", f"--stats-json={stats}", str(guest("chatty"))]
     script = '"$@" | head -1; echo "status ${PIPESTATUS[0]}" >&2'
     shell = subprocess.Popen(
@@ -87,6 +92,9 @@ def test_a_console_whose_reader_left_ends_pyvmm_with_141(tmp_path, how):
         os.killpg(shell.pid, signal.SIGKILL)  # pyvmm too, not left spinning
         shell.communicate()
         raise
+    finally:
+        if server is not None:
+            assert server.stop() == 128 + signal.SIGTERM
     done = subprocess.CompletedProcess(shell.args, shell.returncode, out, err)
     assert done.stdout == "".join(chr(ord("a") + i % 26) for i in range(1023)) + "\n"
     *said, status = done.stderr.splitlines()

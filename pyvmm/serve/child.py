@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyvmm.config import VmConfig
+from pyvmm.devices.console import ConsoleClosed
 from pyvmm.errors import PyvmmError, stop_message
 from pyvmm.plan import Plan
 from pyvmm.statsview import StatsOutput, open_json
@@ -494,7 +495,7 @@ def main(spec: ChildSpec, channel: int, parent: int, forked_ns: int) -> int:
         running = "running" in times
         line = f"pyvmm: {err}" if not _stop else f"pyvmm: {stop_message(_stop)}"
         _send(channel, {"event": "error", "message": line, "status": status, "running": running})
-        if running:
+        if running and not isinstance(err, ConsoleClosed):  # 141 says it, as the command
             _say(line)
     except Exception as err:  # a pyvmm bug: one line, as the command says it
         status = 1
