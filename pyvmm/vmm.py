@@ -232,8 +232,10 @@ class Vmm:
         service = self.net_service[1] if self.net_service else None
         # This thread's CPU clock, readable from the statistics thread.
         self._vcpu_clock = time.pthread_getcpuclockid(threading.get_ident())
-        self._vcpu_cpu_start = time.clock_gettime_ns(self._vcpu_clock)
+        # The CPU clock read inside the wall clock's interval, at both ends:
+        # the thread's CPU time is never more than the run's time.
         self.started = time.monotonic()
+        self._vcpu_cpu_start = time.clock_gettime_ns(self._vcpu_clock)
         io_thread = None
         try:
             if service is not None:
@@ -261,8 +263,8 @@ class Vmm:
             with self.running_lock:
                 self.running.clear()
             lib.pyvmm_signals_restore()
-            self.elapsed = time.monotonic() - self.started
             self.vcpu_cpu_ns = time.clock_gettime_ns(self._vcpu_clock) - self._vcpu_cpu_start
+            self.elapsed = time.monotonic() - self.started
             self.started = None
 
     def counters(self) -> dict[str, Any]:
@@ -270,8 +272,8 @@ class Vmm:
         call from another thread while the guest runs."""
         started = self.started
         if started is not None:  # running: the totals so far
-            self.elapsed = time.monotonic() - started
             self.vcpu_cpu_ns = time.clock_gettime_ns(self._vcpu_clock) - self._vcpu_cpu_start
+            self.elapsed = time.monotonic() - started
         snapshot = report(
             cpl=self.plan.cpl,
             mode=self.plan.mode,

@@ -87,6 +87,9 @@ def test_json_schema_and_counts_that_add_up(tmp_path):
     assert snap["hypercalls"]["halt"] == 1 and snap["hypercalls"]["puts"] >= 1
     # KVM counts every exit, including those that never reach user space.
     assert snap["kvm"]["exits"] >= sum(snap["exits_to_pyvmm"].values())
+    # The vCPU thread's CPU time is measured inside the run's wall-clock
+    # time, never more (a busy guest's short run read 101% before).
+    assert 0 < snap["vcpu_thread_cpu_ns"] <= snap["seconds"] * 1e9 + 500
 
 
 def test_summary_on_stderr_in_human_form():
