@@ -51,6 +51,8 @@ def oversleeps(argv: list[str], kernel: Path, env: dict | None) -> dict[str, lis
         capture_output=True,
         text=True,
         env=env,
+        # Not this checkout's directory: python3 -m puts it before PYTHONPATH.
+        cwd="/",
         timeout=120,
         check=False,
     )
