@@ -18,7 +18,8 @@ and blocks opening ``exec.fifo`` in the state directory for writing, as
 runc's init does; ``create`` returns, and the shim (a child subreaper)
 inherits the child. ``start`` opens the FIFO for reading and takes one
 byte: the child continues and execs ``pyvmm ... KERNEL ARGS`` (its launcher)
-under the same pid, so the shim reaps pyvmm itself (its exit status is the
+under the same pid, with the descriptors of the unikernel and its disks
+that ``create`` opened inside the rootfs (pyvmm.oci.rootfs), so the shim reaps pyvmm itself (its exit status is the
 guest's, 128 + N after a stop signal) and its stdout/stderr are the
 container's. ``state`` says ``created`` while the FIFO exists and the
 process lives, ``running`` after ``start``, ``stopped`` once it is gone.
@@ -27,9 +28,9 @@ State lives in ``ROOT/ID/state.json`` (ROOT: ``--root``, default
 /run/pyvmm-oci), readable by root only (0600 in a 0700 directory, as every
 file pyvmm-oci writes); an ID is what runc accepts (letters, digits and
 ``_+,-.``), not starting with a dot, so no command reaches ``ROOT/.runc``,
-where runc keeps the pod sandboxes. Errors are one line on stderr and, with ``--log``, a
-``{"level": "error", "msg": ...}`` line in the log, where the shim looks
-for the reason of a failed command. ``PYVMM_OCI_TRACE=FILE`` appends every
+where runc keeps the pod sandboxes. Errors are one line on stderr and,
+with ``--log``, a ``{"level": "error", "msg": ...}`` line in the log,
+where the shim looks for the reason of a failed command. ``PYVMM_OCI_TRACE=FILE`` appends every
 invocation's argv to FILE.
 """
 
