@@ -34,6 +34,7 @@ from typing import Any, BinaryIO
 
 from pyvmm.cli import core_options, parse_args
 from pyvmm.config import VmConfig
+from pyvmm.devices.console import ConsoleClosed
 from pyvmm.errors import OutputError, PyvmmError, UsageError
 from pyvmm.vmm import Vmm
 
@@ -145,7 +146,8 @@ def _in_api_words(err: PyvmmError) -> PyvmmError:
 
 class _Console:
     """The guest's console into a caller's file or function (on the vCPU
-    thread); anything it raises ends the run as a console error would."""
+    thread); anything it raises ends the run as a console error would (a
+    pipe whose reader went away: status 141, as the command's stdout)."""
 
     def __init__(self, target: ConsoleTarget) -> None:
         write = getattr(target, "write", None)
@@ -159,6 +161,8 @@ class _Console:
     def write(self, data) -> None:
         try:
             self._write(bytes(data))
+        except BrokenPipeError:  # its reader went away: 141, as the command
+            raise ConsoleClosed() from None
         except Exception as err:
             raise OutputError(
                 f"console: {type(err).__name__}: {err} (the guest was stopped)"

@@ -5,6 +5,7 @@ and the console can be taken into a buffer, a file or a function."""
 from __future__ import annotations
 
 import io
+import os
 import threading
 import time
 
@@ -12,6 +13,7 @@ import pytest
 
 from conftest import guest
 from pyvmm.api import Guest, api_words
+from pyvmm.devices.console import ConsoleClosed
 from pyvmm.errors import LoaderError, OutputError, PyvmmError, UsageError
 
 
@@ -136,6 +138,16 @@ def test_a_console_function_that_raises_ends_the_run_with_one_line():
         assert vm.wait(timeout=60) == 1
     assert isinstance(vm.error, OutputError)
     assert str(vm.error) == "console: ValueError: disk full (the guest was stopped)"
+
+
+@pytest.mark.kvm
+def test_a_console_pipe_whose_reader_left_ends_the_run_with_141():
+    """As the command's stdout does (SIGPIPE's status, after the clean-up)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with open(write_end, "wb", buffering=0) as pipe, Guest(guest("chatty"), console=pipe) as vm:
+        assert vm.wait(timeout=60) == 141
+    assert isinstance(vm.error, ConsoleClosed)
 
 
 def test_a_console_that_is_neither_file_nor_function_is_refused():
