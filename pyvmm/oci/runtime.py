@@ -19,10 +19,11 @@ runc's init does; ``create`` returns, and the shim (a child subreaper)
 inherits the child. ``start`` opens the FIFO for reading and takes one
 byte: the child continues and execs ``pyvmm ... KERNEL ARGS`` (its launcher)
 under the same pid, with the descriptors of the unikernel and its disks
-that ``create`` opened inside the rootfs (pyvmm.oci.rootfs), so the shim reaps pyvmm itself (its exit status is the
-guest's, 128 + N after a stop signal) and its stdout/stderr are the
-container's. ``state`` says ``created`` while the FIFO exists and the
-process lives, ``running`` after ``start``, ``stopped`` once it is gone.
+that ``create`` opened inside the rootfs (pyvmm.oci.rootfs), so the shim
+reaps pyvmm itself (its exit status is the guest's, 128 + N after a stop
+signal) and its stdout/stderr are the container's. ``state`` says
+``created`` while the FIFO exists and the process lives, ``running`` after
+``start``, ``stopped`` once it is gone.
 
 State lives in ``ROOT/ID/state.json`` (ROOT: ``--root``, default
 /run/pyvmm-oci), readable by root only (0600 in a 0700 directory, as every
