@@ -176,10 +176,17 @@ def _strings(value: object, what: str) -> dict[str, str]:
     return value
 
 
+def _text(value: object, what: str) -> str:
+    """A string that can become a path or an argument (no NUL)."""
+    if not isinstance(value, str):
+        raise BundleError(f"config.json: {what} is not a string")
+    if "\0" in value:
+        raise BundleError(f"config.json: {what} contains a NUL character")
+    return value
+
+
 def rootfs_of(bundle: str, config: dict) -> str:
-    root = _object(config, "root", "root").get("path") or "rootfs"
-    if not isinstance(root, str):
-        raise BundleError("config.json: root.path is not a string")
+    root = _text(_object(config, "root", "root").get("path") or "rootfs", "root.path")
     return root if os.path.isabs(root) else os.path.join(bundle, root)
 
 
@@ -257,6 +264,8 @@ def _open_mount_source(bundle: str, mount: dict, key: str) -> Attached:
     """A bind mount's source: a host path the operator chose (a file or a
     host block device), opened read-write without a window for a swap."""
     source, kind = mount.get("source"), mount.get("type")
+    if isinstance(source, str):
+        _text(source, "a mount's source")
     options = mount.get("options") or []
     if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
         raise BundleError(f"{key}: the mount's options are not a list of strings")
@@ -318,7 +327,10 @@ def read_bundle(bundle: str, config: dict | None = None) -> Unikernel:
     memory, namespaces. The caller owns the result's descriptors."""
     config = load_config(bundle) if config is None else config
     process = _object(config, "process", "process")
-    args = [str(a) for a in _list(process, "args", "process.args")]
+    args = [
+        _text(arg, f"process.args[{i}]")
+        for i, arg in enumerate(_list(process, "args", "process.args"))
+    ]
     try:
         root_fd = rootfs.open_root(rootfs_of(bundle, config))
     except OSError as err:
@@ -356,8 +368,8 @@ def _fill(result: Unikernel, bundle: str, config: dict, root_fd: int) -> None:
     result.mem_mib = _memory(config)
     for ns in _list(_object(config, "linux", "linux"), "namespaces", "linux.namespaces"):
         if isinstance(ns, dict) and ns.get("type") == "network":
-            if isinstance(ns.get("path"), str) and ns["path"]:
-                result.netns = ns["path"]
+            if ns.get("path"):
+                result.netns = _text(ns["path"], "the network namespace's path")
             else:
                 result.new_netns = True
     template = result.annotations.get(NET_ARGS)

@@ -171,6 +171,8 @@ def open_file(root_fd: int, path: str, *, write: bool = False) -> int:
     inside the rootfs ``root_fd``; NotInRootfs when it is no regular file
     there. The message is about the rootfs only: a name that is missing,
     a link loop and a link that pointed out of the rootfs read alike."""
+    if "\0" in path:  # no file has such a name (and C would read up to the NUL)
+        raise Missing()
     try:
         path_fd = _resolve(root_fd, path)
     except OSError:

@@ -379,3 +379,30 @@ def test_the_image_tool_refuses_a_bad_template(tmp_path, capsys):
     assert oci_image.main(["-o", str(out), "--net-args", "{ip:>9}", str(guest("ping"))]) == 1
     assert capsys.readouterr().err.startswith("pyvmm-oci pack: --net-args: '{ip:>9}' is not")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["process.args", "a block path", "a mount's source", "the netns path", "root.path"],
+)
+def test_a_nul_character_is_refused_wherever_it_would_reach_a_path_or_argv(tmp_path, where):
+    """execve and open stop at a NUL (or Python refuses it there, late):
+    a string carrying one is refused when the bundle is read."""
+    config: dict = {}
+    if where == "process.args":
+        config["process"] = {"args": ["7\0x"]}
+    elif where == "a block path":
+        config["annotations"] = {BLOCK: "/disk.img\0x"}
+    elif where == "a mount's source":
+        config["annotations"] = {BLOCK: "/data"}
+        config["mounts"] = [{"destination": "/data", "type": "bind", "source": "/tmp\0x"}]
+    elif where == "the netns path":
+        config["linux"] = {"namespaces": [{"type": "network", "path": "/run/netns/a\0b"}]}
+    else:
+        config["root"] = {"path": "rootfs\0x"}
+    bundle = make_bundle(tmp_path, "blocktest", **config)
+    (bundle / "rootfs" / "disk.img").write_bytes(bytes(4096))
+    with pytest.raises(BundleError) as info:
+        read_bundle(str(bundle))
+    assert "NUL" in str(info.value) or "is not a file in the rootfs" in str(info.value)
+    assert "\n" not in str(info.value) and "\0" not in str(info.value)
