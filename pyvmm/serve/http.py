@@ -77,12 +77,24 @@ def nesting_ok(value: Any, limit: int = MAX_DEPTH) -> bool:
     return True
 
 
+def _not_a_number(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:40]} is out of range")
+    return value
+
+
 def parse_json(data: bytes | str, what: str) -> Any:
     """JSON from someone not trusted (a client, a VM's process): the value,
     or ValueError with one line. The nesting is bounded (json's own parser
-    recurses, and would raise RecursionError on a deep enough value)."""
+    recurses, and would raise RecursionError on a deep enough value), and
+    numbers are finite (no NaN, Infinity or 1e400: no answer repeats one)."""
     try:
-        value = json.loads(data)
+        value = json.loads(data, parse_constant=_not_a_number, parse_float=_finite)
     except RecursionError:
         raise ValueError(f"{what} nests deeper than {MAX_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError) as err:

@@ -26,22 +26,39 @@ MAX_LINE = 2048
 LOG_FD = 2
 
 
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
 class StderrRelay:
-    """The pipe of one VM's stderr: ``write_fd`` goes to the VM (and is
-    closed here once it has it), ``fd`` is read by the launcher's loop."""
+    """The pipe of one VM's stderr: ``write_fd`` (with ``stdout``) goes to
+    the VM, and is closed here once it has it; ``fd`` is read by the
+    launcher's loop."""
 
     def __init__(self, vm_id: str) -> None:
         self.vm_id = vm_id
-        self.fd, self.write_fd = os.pipe2(os.O_CLOEXEC)
+        #: The VM's stdout to go with it: the launcher's own (a copy).
+        self.stdout = os.dup(1) if _is_open(1) else os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            self.fd, self.write_fd = os.pipe2(os.O_CLOEXEC)
+        except OSError:
+            os.close(self.stdout)
+            raise
         os.set_blocking(self.fd, False)  # the VM's end blocks, as a stderr does
         self.partial = b""
         self.dropped = 0
 
     def given(self) -> None:
-        """The VM's process has the write end: the launcher's copy goes."""
-        if self.write_fd >= 0:
-            os.close(self.write_fd)
-            self.write_fd = -1
+        """The VM's process has its ends: the launcher's copies go."""
+        for name in ("write_fd", "stdout"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, name, -1)
 
     def read(self) -> bool:
         """Copy what the VM wrote; False once it has closed its end."""
@@ -62,7 +79,8 @@ class StderrRelay:
                 lines.append(self.partial[:MAX_LINE])
                 self.partial = self.partial[MAX_LINE:]
             for line in lines:
-                self._line(line)
+                for at in range(0, len(line), MAX_LINE):
+                    self._line(line[at : at + MAX_LINE])
 
     def close(self) -> None:
         self.given()

@@ -548,8 +548,8 @@ class Launcher:
         spec = prepared.spec
         relay = None
         if spec.stderr_path is None and not spec.fds and not spec.pooled:
-            relay = self._spawning = StderrRelay(vm_id)
-            spec.fds = [os.dup(1), relay.write_fd]
+            relay = self._spawning = _relay(vm_id)
+            spec.fds = [relay.stdout, relay.write_fd]
         try:
             vm = spawn(vm_id, prepared, arrived, self.close_in_child)
         except BaseException:
@@ -559,7 +559,6 @@ class Launcher:
         finally:
             self._spawning = None
             if relay is not None:
-                os.close(spec.fds[0])
                 relay.given()
                 spec.fds = []
         vm.relay = relay
@@ -672,8 +671,8 @@ class Launcher:
         assert len(message) < MAX_MESSAGE  # (the paths' bound keeps it short)
         relay = None
         if "stderr" not in console and not fds:
-            relay = StderrRelay(vm_id)
-            fds = [os.dup(1), relay.write_fd]
+            relay = _relay(vm_id)
+            fds = [relay.stdout, relay.write_fd]
         vm = pool.ready.pop(0)
         try:
             socket.send_fds(vm.channel, [message], fds)
@@ -684,7 +683,6 @@ class Launcher:
             raise HttpError(503, f"pyvmm: a pooled VM did not take its start: {err}") from None
         finally:
             if relay is not None:
-                os.close(fds[0])
                 relay.given()
         vm.id, vm.listed, vm.pooled, vm.pool = vm_id, True, True, None
         vm.state, vm.arrived_ns, vm.refill = "starting", arrived, pool.key
@@ -907,6 +905,13 @@ def _log(line: str) -> None:
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.write(f"pyvmm: {line}\n")
         sys.stderr.flush()
+
+
+def _relay(vm_id: str) -> StderrRelay:
+    try:
+        return StderrRelay(vm_id)
+    except OSError as err:
+        raise HttpError(503, f"pyvmm: no pipe for the VM's log lines: {err.strerror}") from None
 
 
 def _reserve_fd() -> int | None:
