@@ -246,8 +246,16 @@ def stamp_matches(build: Solo5Build, sha256: str) -> bool:
     )
 
 
-def check_tools() -> None:
+def check_tools(log: Log) -> None:
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+    if missing == ["pkg-config"] and os.geteuid() == 0 and shutil.which("apt-get"):
+        # The one tool of Solo5's that scripts/setup does not need itself.
+        log("installing pkg-config (Solo5's configure.sh asks it for libseccomp)")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        quiet = {"stdout": subprocess.DEVNULL, "env": env}
+        subprocess.run(["apt-get", "update", "-qq"], **quiet)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "pkg-config"], **quiet)
+        missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     if missing:
         raise BuildError(
             f"Solo5's build needs {', '.join(missing)}, not installed "
@@ -306,7 +314,7 @@ def run_logged(argv: list[str], cwd: Path, log_file: Path, what: str) -> None:
 
 def build_solo5(build: Solo5Build, archive: Path, sha256: str, log: Log) -> None:
     """Unpack, configure, build and install Solo5 in build.root, from scratch."""
-    check_tools()
+    check_tools(log)
     started = time.monotonic()
     shutil.rmtree(build.root, ignore_errors=True)
     build.root.mkdir(parents=True)
