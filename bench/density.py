@@ -145,13 +145,13 @@ def start(ns: NetNamespace, index: int, args: argparse.Namespace, env: dict[str,
 class Launcher:
     """``pyvmm serve`` inside the namespace, on a socket in a private directory."""
 
-    def __init__(self, ns: NetNamespace, env: dict[str, str]) -> None:
+    def __init__(self, ns: NetNamespace, env: dict[str, str], instances: int) -> None:
         from pyvmm.serve.client import ClientError, call
 
         self.call = call
         self.dir = tempfile.mkdtemp(prefix="pyvmm-density-")
         self.sock = os.path.join(self.dir, "api.sock")
-        argv = [*PYVMM, "serve", "--api-sock", self.sock]
+        argv = [*PYVMM, "serve", "--api-sock", self.sock, f"--max-vms={max(instances, 64)}"]
         self.proc: subprocess.Popen | None = None
         try:
             self.proc = ns.popen(argv, stdout=subprocess.DEVNULL, env=env)
@@ -306,7 +306,7 @@ def main() -> int:
         ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
         avail_before = mem_available_kib()
         if args.launcher:
-            launcher = Launcher(ns, env)
+            launcher = Launcher(ns, env, args.instances)
         t0 = time.monotonic()
         for i in range(args.instances):
             if launcher is not None:
