@@ -30,7 +30,7 @@ of Solo5's is relinked from its unchanged objects with
 ``x86_64-solo5-none-static-ld -z solo5-abi=pyvmm`` into
 ``CACHE/<archive name>/pyvmm-<hash>/`` (the hash is the bindings'; a new
 runtime gets a new directory, so a running test never sees a program change
-under it).
+under it; relinks of an older runtime are removed after a day).
 
 Everything runs under one lock (``CACHE/.lock``): a second caller waits for
 the first and then finds its work done. ``--print NAME`` prints one path
@@ -403,7 +403,25 @@ def relink_tests(build: Solo5Build, bindings: bytes, log_file: Path, log: Log) -
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     log(f"relinked {len(test_dirs(build))} test programs with -z solo5-abi=pyvmm into {out}")
+    prune(build, keep=out)
     return out
+
+
+#: Relinked programs of an older runtime are removed once this old: a run
+#: that could still be using them has long ended.
+STALE_SECONDS = 24 * 3600
+
+
+def prune(build: Solo5Build, keep: Path) -> None:
+    """Earlier relinks (and the leftovers of interrupted ones) past STALE_SECONDS."""
+    now = time.time()
+    for old in [*build.root.glob("pyvmm-*"), *build.root.glob(".relink-*")]:
+        try:
+            stale = now - old.stat().st_mtime > STALE_SECONDS
+        except OSError:
+            continue
+        if old != keep and stale:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 # -- the whole -----------------------------------------------------------------------
