@@ -203,6 +203,7 @@ def http(data: bytes) -> str:
             # Waiting for more, within the limits.
             assert reader.head is not None or len(reader.buffer) < wire.MAX_HEAD
             return "incomplete"
+        assert data.index(b"\r\n\r\n") + 4 <= wire.MAX_HEAD  # however it arrived
         assert len(request.body) == int(request.headers.get("content-length", "0"))
         assert len(request.body) <= wire.MAX_BODY
         route(request.method, request.path)
