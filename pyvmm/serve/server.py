@@ -364,7 +364,8 @@ class Launcher:
             self._reserve = _reserve_fd()
         if not self._pause_logged:
             self._pause_logged = True
-            _log(f"launcher: cannot accept ({err.strerror}): pausing {ACCEPT_PAUSE} s at a time")
+            why = f"cannot accept ({err.strerror}): pausing {ACCEPT_PAUSE} s at a time"
+            _log(f"launcher {os.getpid()}: {why}")
         self._accepting = False
         self.selector.unregister(self.listener)
         self._after(ACCEPT_PAUSE, self._resume_accepting)
