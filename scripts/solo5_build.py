@@ -2,8 +2,8 @@
 """Build Solo5 from its release archive into a cache outside the repository,
 and relink Solo5's own test programs against pyvmm's guest runtime.
 
-    scripts/solo5_build.py [--archive FILE] [--cache DIR] [--force]
-                           [--print NAME] [-q]
+    scripts/solo5_build.py [--archive FILE] [--cache DIR] [--arch ARCH]
+                           [--force] [--no-bindings] [--print NAME] [-q]
 
 Solo5's code is never part of this repository: it comes from the release
 archive in ../shared/upstream/ (``PYVMM_SOLO5_ARCHIVE`` or ``--archive``
@@ -31,6 +31,12 @@ of Solo5's is relinked from its unchanged objects with
 ``CACHE/<archive name>/pyvmm-<hash>/`` (the hash is the bindings'; a new
 runtime gets a new directory, so a running test never sees a program change
 under it; relinks of an older runtime are removed after a day).
+
+``--arch aarch64`` on an x86_64 host cross-builds Solo5's toolchain,
+bindings and test programs for arm64 with Debian's cross compiler
+(gcc-aarch64-linux-gnu; the tenders stay the host's) into
+``CACHE/<archive name>-aarch64/``, and relinks them with pyvmm's aarch64
+bindings (``make -C guests ARCH=aarch64 install-solo5``).
 
 Everything runs under one lock (``CACHE/.lock``): a second caller waits for
 the first and then finds its work done. ``--print NAME`` prints one path
@@ -88,6 +94,10 @@ class Solo5Build:
 
     root: Path
     triple: str
+
+    @property
+    def arch(self) -> str:
+        return self.triple.split("-", 1)[0]
 
     @property
     def src(self) -> Path:
@@ -169,8 +179,24 @@ class Solo5Build:
         return table[name]
 
 
-def target_triple() -> str:
-    return f"{platform.machine()}-solo5-none-static"
+ARCHES = ("x86_64", "aarch64")
+
+
+def host_arch() -> str:
+    return platform.machine()
+
+
+def target_triple(arch: str | None = None) -> str:
+    return f"{arch or host_arch()}-solo5-none-static"
+
+
+def cross_env(arch: str) -> dict[str, str]:
+    """Solo5's configure.sh builds its toolchain and bindings for another
+    architecture with these (Debian's cross compiler); tenders stay the host's."""
+    if arch == host_arch():
+        return {}
+    gnu = f"{arch}-linux-gnu"
+    return {"TARGET_CC": f"{gnu}-gcc", "TARGET_LD": f"{gnu}-ld", "TARGET_OBJCOPY": f"{gnu}-objcopy"}
 
 
 def archive_path(archive: Path | str | None = None) -> Path:
@@ -246,7 +272,14 @@ def stamp_matches(build: Solo5Build, sha256: str) -> bool:
     )
 
 
-def check_tools(log: Log) -> None:
+def check_tools(log: Log, arch: str) -> None:
+    cross = cross_env(arch)
+    if cross and shutil.which(cross["TARGET_CC"]) is None:
+        raise BuildError(
+            f"building for {arch} needs {cross['TARGET_CC']}, not installed "
+            f"(Debian: apt-get install gcc-{arch}-linux-gnu)",
+            2,
+        )
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     if missing == ["pkg-config"] and os.geteuid() == 0 and shutil.which("apt-get"):
         # The one tool of Solo5's that scripts/setup does not need itself.
@@ -300,11 +333,13 @@ def extract(archive: Path, into: Path) -> Path:
     return base / tops.pop()
 
 
-def run_logged(argv: list[str], cwd: Path, log_file: Path, what: str) -> None:
+def run_logged(
+    argv: list[str], cwd: Path, log_file: Path, what: str, extra_env: dict[str, str] | None = None
+) -> None:
     with open(log_file, "ab") as out:
         out.write(f"\n$ {' '.join(argv)}   (in {cwd})\n".encode())
         out.flush()
-        env = dict(os.environ, LC_ALL="C")
+        env = dict(os.environ, LC_ALL="C", **(extra_env or {}))
         env.pop("MAKEFLAGS", None)  # not a sub-make of whoever called us
         env.pop("MFLAGS", None)
         done = subprocess.run(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -314,7 +349,8 @@ def run_logged(argv: list[str], cwd: Path, log_file: Path, what: str) -> None:
 
 def build_solo5(build: Solo5Build, archive: Path, sha256: str, log: Log) -> None:
     """Unpack, configure, build and install Solo5 in build.root, from scratch."""
-    check_tools(log)
+    arch = build.arch
+    check_tools(log, arch)
     started = time.monotonic()
     shutil.rmtree(build.root, ignore_errors=True)
     build.root.mkdir(parents=True)
@@ -331,7 +367,8 @@ def build_solo5(build: Solo5Build, archive: Path, sha256: str, log: Log) -> None
             f'#define SOLO5_VERSION "{version}"\n#endif\n'
         )
     jobs = str(max(1, os.cpu_count() or 1))
-    run_logged(["./configure.sh", f"--prefix={build.prefix}"], build.src, log_file, "configure")
+    configure = ["./configure.sh", f"--prefix={build.prefix}"]
+    run_logged(configure, build.src, log_file, "configure", cross_env(arch))
     run_logged(["make", "-j", jobs], build.src, log_file, "make")
     run_logged(["make", "install"], build.src, log_file, "make install")
     collect_hvt_tests(build)
@@ -374,8 +411,9 @@ def collect_hvt_tests(build: Solo5Build) -> None:
 def install_bindings(build: Solo5Build, log_file: Path) -> bytes:
     """make -C guests install-solo5 into the built toolchain; the bytes of
     what was installed (object and script), to name the relink after."""
+    guests = ["make", "-s", "-C", str(ROOT / "guests"), f"ARCH={build.arch}"]
     run_logged(
-        ["make", "-s", "-C", str(ROOT / "guests"), "install-solo5", f"SOLO5_PREFIX={build.prefix}"],
+        [*guests, "install-solo5", f"SOLO5_PREFIX={build.prefix}"],
         ROOT,
         log_file,
         "building pyvmm's bindings (make -C guests install-solo5)",
@@ -431,6 +469,7 @@ def ensure(
     archive: Path | str | None = None,
     cache: Path | str | None = None,
     *,
+    arch: str | None = None,
     force: bool = False,
     bindings: bool = True,
     log: Log | None = None,
@@ -444,7 +483,11 @@ def ensure(
         raise BuildError(f"no Solo5 release archive at {source} (set {ARCHIVE_ENV})", 2)
     root = cache_path(cache)
     with locked(root, say):
-        build = Solo5Build(root / archive_name(source), target_triple())
+        arch = arch or host_arch()
+        if arch not in ARCHES:
+            raise BuildError(f"--arch {arch}: one of {', '.join(ARCHES)}", 2)
+        name = archive_name(source) + ("" if arch == host_arch() else f"-{arch}")
+        build = Solo5Build(root / name, target_triple(arch))
         sha256 = sha256_of(source)
         if force or not stamp_matches(build, sha256):
             build_solo5(build, source, sha256, say)
@@ -468,6 +511,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--cache", help=f"the cache directory (default: ${CACHE_ENV} or {CACHE})")
     parser.add_argument(
+        "--arch",
+        choices=ARCHES,
+        help="the toolchain's and programs' architecture (default: the host's; another one is "
+        "cross-built, into CACHE/<archive name>-ARCH)",
+    )
+    parser.add_argument(
         "--force", action="store_true", help="rebuild Solo5 even if the stamp matches"
     )
     parser.add_argument("--no-bindings", action="store_true", help="only Solo5, no pyvmm bindings")
@@ -480,7 +529,12 @@ def main(argv: list[str] | None = None) -> int:
     log = (lambda message: None) if quiet else None
     try:
         build = ensure(
-            args.archive, args.cache, force=args.force, bindings=not args.no_bindings, log=log
+            args.archive,
+            args.cache,
+            arch=args.arch,
+            force=args.force,
+            bindings=not args.no_bindings,
+            log=log,
         )
         if args.show is not None:
             print(build.path(args.show))
