@@ -303,6 +303,15 @@ OPTIONS: tuple[CliOption | object, ...] = (
         _set("user", lambda n, v: v),
     ),
     CliOption(
+        ("--dumpcore",),
+        "DIR",
+        "on a guest fault or solo5_abort(), write an ELF\n"
+        "core of the guest to DIR/core.solo5-hvt.PID\n"
+        "(solo5-hvt-debug's option; docs/debugging.md)",
+        _set("dumpcore", lambda n, v: v),
+        complete="file",
+    ),
+    CliOption(
         ("--shm-slots",),
         "N",
         "slots per ring, a power of two (default: as\nmany as fit in 1/8 of guest memory, <= 4096)",

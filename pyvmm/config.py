@@ -68,6 +68,9 @@ class VmConfig:
     stats: bool = False
     stats_interval: float | None = None
     stats_json: str | None = None
+    # --dumpcore=DIR: an ELF core of the guest in DIR on a fault or an abort
+    # (pyvmm/debug/core.py).
+    dumpcore: str | None = None
 
     def __init__(self, kernel: str, **settings: Any) -> None:
         self.kernel = kernel

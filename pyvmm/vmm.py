@@ -22,7 +22,7 @@ from pyvmm.arch import ExitHandler
 from pyvmm.config import VmConfig
 from pyvmm.devices import Device, DeviceKind
 from pyvmm.devices.console import Console, ConsoleClosed
-from pyvmm.errors import DeviceError, HostError, PyvmmError, stop_message
+from pyvmm.errors import DeviceError, GuestFault, HostError, PyvmmError, stop_message
 from pyvmm.faults import fault
 from pyvmm.hvt.bootinfo import BootInfo
 from pyvmm.hvt.hypercalls import Halt, Hypercalls
@@ -37,9 +37,15 @@ from pyvmm.stats import HYPERCALL_NAMES, ExitCounters, report
 from pyvmm.statsview import StatsOutput, open_json
 
 if TYPE_CHECKING:
+    from pyvmm.debug.core import CoreDir
+
     # Imported when a plan has net devices (a guest without any never does).
     from pyvmm.devices.net.shmstream import ShmStream
     from pyvmm.devices.net.solo5_ring import Solo5RingService
+
+
+# The signals a core file names (<signal.h>, alike on x86_64 and aarch64).
+SIGABRT, SIGSEGV = 6, 11
 
 
 class Stopped(PyvmmError):
@@ -63,6 +69,7 @@ class Vmm:
         self.hypercalls: Hypercalls | None = None
         self.kvm_stats: KvmStats | None = None
         self.exit_handler: ExitHandler | None = None
+        self.core: CoreDir | None = None  # --dumpcore
         self.net_service: tuple[str, ShmStream | Solo5RingService] | None = None
         self.devices: list[tuple[DeviceKind, Device]] = []
         self.elapsed = 0.0
@@ -140,6 +147,11 @@ class Vmm:
             mode=plan.mode,
         )
         self.exit_handler = plan.arch.exit_handler(plan.mode, vcpu, memory)
+        if self.config.dumpcore is not None:  # its directory, now; its file: run()
+            from pyvmm.debug.core import CoreDir
+
+            self.core = CoreDir(self.config.dumpcore, os.uname().machine)
+            stack.callback(self.core.close)
         self.stop_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         stack.callback(os.close, self.stop_fd)
         self._prepare_null_kick()
@@ -247,6 +259,8 @@ class Vmm:
             # run does not need (docs/security.md).
             if self.config.user:
                 sandbox.drop_privileges(self.config.user)
+            if self.core is not None:  # the core's file, as the user the run ends as
+                self.core.prepare(sandboxed=self.config.sandbox)
             if self.config.sandbox:
                 sandbox.install(kvm_fd=self.system.fd, vm_fd=self.vm.fd, vcpu_fd=self.vcpu.fd)
                 trace.mark("sandbox (seccomp filter)")
@@ -291,7 +305,6 @@ class Vmm:
 
     def _loop(self) -> int:
         vcpu = self.vcpu
-        fast_path = self.fast_path
         table = self.hypercalls.table
         hypercall = self.plan.arch.hypercall
         arch_answers = self.exit_handler.handle if self.exit_handler is not None else None
@@ -301,6 +314,17 @@ class Vmm:
         if trace.enabled:  # the first exit marked: a wrapper for its first call only
             run = _first_exit(vcpu, hypercall, table)
         trace.mark("to the first KVM_RUN (first guest instruction)")
+        try:
+            return self._exits(run, count, hypercall, table, hypercalls, arch_answers)
+        except GuestFault:  # a fault, a trap or a hypercall the guest got wrong
+            if self.core is not None:
+                self.core.dump_guest(self.memory, vcpu, signal=SIGSEGV)
+            raise
+
+    def _exits(self, run, count, hypercall, table, hypercalls, arch_answers) -> int:
+        """The exit loop itself: until the guest halts, faults or is stopped."""
+        vcpu = self.vcpu
+        fast_path = self.fast_path
         while True:
             exit = run(fast_path)
             count(exit)
@@ -310,6 +334,8 @@ class Vmm:
                 try:
                     table[call[0]](call[1])
                 except Halt as halt:
+                    if halt.status & 0xFF == 255 and self.core is not None:  # solo5_abort()
+                        self.core.dump_guest(self.memory, vcpu, signal=SIGABRT, halt_gpa=call[1])
                     return halt.status & 0xFF
                 if lib.pyvmm_stop_signal():
                     raise Stopped(lib.pyvmm_stop_signal())

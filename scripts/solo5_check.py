@@ -34,9 +34,8 @@ sees them):
   or directory" or "required file not found" (it names an interpreter that
   does not exist);
 - dumpcore: ``--dumpcore=DIR`` (solo5-hvt-debug's option), status 255 and
-  the core file the output names in DIR. pyvmm has no such option yet (the
-  debugging feature): the case is an expected failure, XFAIL, and an
-  XPASS counts as a failure, so the day it works this table is updated.
+  the core file the output names in DIR (pyvmm writes it as
+  solo5-hvt-debug does: docs/debugging.md).
 
 Under pyvmm, where the hardware allows only another outcome, a case names
 the one pyvmm gives, by the privilege mode the run used (pyvmm's
@@ -138,7 +137,6 @@ FAULT = "host/guest translation fault"
 ABORT = "255 + ABORT"
 SUCCESS = "0 + SUCCESS"
 OPENBSD = "OpenBSD only"
-NO_DUMPCORE = "pyvmm has no --dumpcore yet (waits for the debugging feature)"
 
 #: What pyvmm gives where tests.bats' outcome cannot happen (module
 #: docstring), by privilege mode: (check, what it expects).
@@ -285,7 +283,6 @@ CASES = [
         status_and(255),
         "255 + the core file",
         dumpcore=True,
-        xfail=NO_DUMPCORE,
     ),
     Case("mft_maxdevices", "test_mft_maxdevices", expect_success, SUCCESS, blocks=MAXDEV),
     Case(

@@ -1,0 +1,255 @@
+"""--dumpcore=DIR: an ELF core of the guest when it faults or aborts.
+
+The file is what solo5-hvt-debug writes, so the same tools read it
+(``gdb guest.hvt core``): an ET_CORE ELF with one PT_NOTE holding an
+NT_PRSTATUS note (the vCPU's registers, in Linux's ``elf_prstatus``
+layout) and guest memory as a PT_LOAD at its guest-physical address,
+which is the guest's virtual address too (the guest's page tables map
+memory one to one). Pages that hold only zeros are left as holes, so a
+4 GiB guest makes a sparse file of the size of what it touched. The
+name is ``core.solo5-hvt.PID``, said on stderr.
+
+The sandbox refuses open, openat and link once the guest runs, so the
+file is made before the filter goes on: an unnamed file (O_TMPFILE) in
+DIR, which the core is written into with plain writes. Only a core that
+was written gets a name. Without the sandbox pyvmm links the file into
+DIR itself; with it, a helper process started before the filter
+(corelink.py) does, on one byte from a pipe, and can do nothing else:
+the filter stays as it is, pyvmm gains no call that takes a path. A run
+that writes no core leaves nothing in DIR (the unnamed file goes with its
+last fd). docs/debugging.md.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+from typing import TYPE_CHECKING
+
+from pyvmm.debug.regs import USER_REGS, guest_registers
+from pyvmm.errors import GuestFault, HostError
+from pyvmm.sizes import PAGE_SIZE
+
+if TYPE_CHECKING:
+    from pyvmm.kvm import Vcpu
+    from pyvmm.memory import GuestMemory
+
+CORE_PREFIX = "core.solo5-hvt."
+
+# <elf.h>
+_ET_CORE, _PT_LOAD, _PT_NOTE, _NT_PRSTATUS = 4, 1, 4, 1
+_EM_X86_64 = 62
+_ELFOSABI_STANDALONE = 255
+_PF_RWX = 7
+_EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
+_PHDR = struct.Struct("<IIQQQQQQ")
+_NHDR = struct.Struct("<III")
+_NOTE_NAME = b"CORE\0\0\0\0"  # a multiple of the word size, as Solo5 writes it
+
+# Linux's x86_64 struct elf_prstatus: pr_info (3 ints), pr_cursig, the
+# signal sets, four pids, four timevals, then user_regs_struct and
+# pr_fpvalid; 336 bytes.
+_PRSTATUS_HEAD = struct.Struct("<iiih2xQQiiii64x")
+
+SIGABRT, SIGSEGV = 6, 11
+
+# Solo5's struct x86_trap_regs, the abort cookie of its trap handlers.
+_TRAP_REGS = struct.Struct("<7Q")
+_TRAP_FIELDS = ("cr2", "ec", "rip", "cs", "eflags", "rsp", "ss")
+
+# Guest memory is scanned this much at a time for pages to write.
+_CHUNK = 1 << 20
+_ZERO_CHUNK = bytes(_CHUNK)
+_ZERO_PAGE = bytes(PAGE_SIZE)
+_MEMORY_OFFSET = PAGE_SIZE  # headers and note fit in the first page
+
+
+def prstatus(regs: dict[str, int], *, signal: int, pid: int) -> bytes:
+    """An x86_64 NT_PRSTATUS descriptor for ``regs`` (user_regs_struct names)."""
+    head = _PRSTATUS_HEAD.pack(signal, 0, 0, signal, 0, 0, pid, 0, 0, 0)
+    values = struct.pack(f"<{len(USER_REGS)}Q", *(regs.get(n, 0) for n in USER_REGS))
+    return head + values + bytes(8)
+
+
+def trap_registers(memory: GuestMemory, cookie: int) -> dict[str, int]:
+    """What a Solo5 trap handler passed to solo5_abort (its cookie): the
+    trapping instruction's rip, cs, rflags, rsp and ss; {} if unreadable."""
+    try:
+        values = _TRAP_REGS.unpack(memory.read(cookie, _TRAP_REGS.size, what="abort cookie"))
+    except GuestFault:
+        return {}
+    fields = dict(zip(_TRAP_FIELDS, values, strict=True))
+    return {name: fields[name] for name in ("rip", "cs", "eflags", "rsp", "ss")}
+
+
+def headers(mem_size: int, note: bytes) -> bytes:
+    """The ELF header, PT_NOTE and PT_LOAD headers and the note, which the
+    guest's memory follows at ``_MEMORY_OFFSET``."""
+    ident = b"\x7fELF" + bytes([2, 1, 1, _ELFOSABI_STANDALONE]) + bytes(8)
+    phoff = _EHDR.size
+    note_off = phoff + 2 * _PHDR.size
+    desc = _NHDR.pack(len(_NOTE_NAME), len(note), _NT_PRSTATUS) + _NOTE_NAME + note
+    ehdr = _EHDR.pack(
+        ident, _ET_CORE, _EM_X86_64, 1, 0, phoff, 0, 0, _EHDR.size, _PHDR.size, 2, 0, 0, 0
+    )
+    pnote = _PHDR.pack(_PT_NOTE, 0, note_off, 0, 0, len(desc), len(desc), 0)
+    pload = _PHDR.pack(_PT_LOAD, _PF_RWX, _MEMORY_OFFSET, 0, 0, mem_size, mem_size, PAGE_SIZE)
+    out = ehdr + pnote + pload + desc
+    if len(out) > _MEMORY_OFFSET:
+        raise ValueError("core headers do not fit in a page")
+    return out
+
+
+def write_memory(fd: int, memory: GuestMemory) -> int:
+    """Guest memory into ``fd`` from ``_MEMORY_OFFSET`` on, only the pages
+    that are not all zero (the rest are holes); returns how many."""
+    written = 0
+    for gpa in range(0, memory.size, _CHUNK):
+        length = min(_CHUNK, memory.size - gpa)
+        try:
+            data = memory.read(gpa, length, what="core dump")
+        except GuestFault:  # pages gone (a truncated image file): a hole
+            continue
+        if data == _ZERO_CHUNK[:length]:
+            continue
+        start = None
+        for off in range(0, length + PAGE_SIZE, PAGE_SIZE):
+            zero = off >= length or data[off : off + PAGE_SIZE] == _ZERO_PAGE
+            if not zero and start is None:
+                start = off
+            elif zero and start is not None:
+                _pwrite_all(fd, memoryview(data)[start:off], _MEMORY_OFFSET + gpa + start)
+                written += (off - start) // PAGE_SIZE
+                start = None
+    # The file's size is the whole PT_LOAD, holes at the end included.
+    _pwrite_all(fd, b"\0", _MEMORY_OFFSET + memory.size - 1)
+    return written
+
+
+def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+class CoreDir:
+    """--dumpcore=DIR, opened at set-up: the directory, then (``prepare``,
+    right before the sandbox) the unnamed file and, if the run is
+    sandboxed, the helper that will name it."""
+
+    def __init__(self, path: str, machine: str) -> None:
+        if machine != "x86_64":
+            raise HostError(f"--dumpcore: not implemented for {machine} guests yet")
+        self.path = path
+        self.dir_fd = self.file_fd = self._to_helper = self._from_helper = -1
+        try:
+            self.dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as err:
+            raise HostError(
+                f"--dumpcore={path}: cannot open the directory: {err.strerror}"
+            ) from None
+        if not os.access(".", os.W_OK, dir_fd=self.dir_fd):
+            os.close(self.dir_fd)
+            raise HostError(f"--dumpcore={path}: the directory is not writable")
+
+    def prepare(self, *, sandboxed: bool) -> None:
+        """The unnamed file the core will be written into and, with the
+        sandbox, the helper process that names it (docstring above)."""
+        try:
+            self.file_fd = os.open(
+                ".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600, dir_fd=self.dir_fd
+            )
+        except OSError as err:
+            raise HostError(
+                f"--dumpcore={self.path}: cannot make an unnamed file there (O_TMPFILE): "
+                f"{err.strerror}"
+            ) from None
+        if sandboxed:
+            self._start_helper()
+
+    def _start_helper(self) -> None:
+        from pyvmm.debug import corelink
+
+        to_r, to_w = os.pipe2(os.O_CLOEXEC)
+        from_r, from_w = os.pipe2(os.O_CLOEXEC)
+        # The helper's fds 3-6: the directory, the file, its two pipe ends;
+        # 0-2 /dev/null, so it never holds pyvmm's console or stderr open.
+        actions: list[tuple] = [
+            (os.POSIX_SPAWN_DUP2, fd, 3 + i)
+            for i, fd in enumerate((self.dir_fd, self.file_fd, to_r, from_w))
+        ]
+        actions += [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
+        argv = [sys.executable, "-I", "-S", corelink.__file__, self.name()]
+        try:
+            os.posix_spawn(sys.executable, argv, {}, file_actions=actions, setsid=True)
+        except OSError as err:
+            for fd in (to_r, to_w, from_r, from_w):
+                os.close(fd)
+            raise HostError(f"--dumpcore: cannot start the core's helper: {err.strerror}") from None
+        os.close(to_r)
+        os.close(from_w)
+        self._to_helper, self._from_helper = to_w, from_r
+
+    def name(self) -> str:
+        return f"{CORE_PREFIX}{os.getpid()}"
+
+    def dump_guest(
+        self, memory: GuestMemory, vcpu: Vcpu, *, signal: int, halt_gpa: int | None = None
+    ) -> None:
+        """The core of a guest that faulted (its vCPU's registers) or
+        aborted (``halt_gpa``: its halt hypercall's arguments, whose cookie
+        may carry a trap handler's registers)."""
+        regs = guest_registers(vcpu, memory)
+        if halt_gpa is not None:
+            try:
+                (cookie,) = struct.unpack("<Q", memory.read(halt_gpa, 8, what="halt hypercall"))
+            except GuestFault:
+                cookie = 0
+            if cookie:
+                regs |= trap_registers(memory, cookie)
+        self.dump(memory, regs, signal=signal)
+
+    def dump(self, memory: GuestMemory, regs: dict[str, int], *, signal: int) -> None:
+        """Write the core and name it; say where (or why not) on stderr.
+        Never raises: the run ends with its own status either way."""
+        where = os.path.join(self.path, self.name())
+        try:
+            if self.file_fd < 0:
+                raise OSError(0, "the core file was not prepared")
+            note = prstatus(regs, signal=signal, pid=os.getpid())
+            _pwrite_all(self.file_fd, headers(memory.size, note), 0)
+            pages = write_memory(self.file_fd, memory)
+            self._link()
+        except (OSError, ValueError) as err:
+            why = getattr(err, "strerror", None) or str(err)
+            _say(f"dumpcore: cannot write {where}: {why}")
+            return
+        _say(f"dumpcore: dumping guest core to: {where}")
+        _say(f"dumpcore: dumped {pages} pages of total {memory.size // PAGE_SIZE} pages")
+
+    def _link(self) -> None:
+        if self._to_helper < 0:  # not sandboxed: pyvmm may link it itself
+            os.link(f"/proc/self/fd/{self.file_fd}", self.name(), dst_dir_fd=self.dir_fd)
+            return
+        os.write(self._to_helper, b"L")
+        reply = os.read(self._from_helper, 256)
+        if reply != b"ok":
+            raise OSError(0, reply.decode(errors="replace") or "the helper ended")
+
+    def close(self) -> None:
+        for attr in ("_to_helper", "_from_helper", "file_fd", "dir_fd"):
+            fd = getattr(self, attr)
+            if fd >= 0:
+                setattr(self, attr, -1)
+                os.close(fd)
+
+
+def _say(line: str) -> None:
+    """A line on stderr without the logging module (which the sandbox
+    would not let Python import now)."""
+    try:
+        os.write(2, f"pyvmm: {line}\n".encode(errors="replace"))
+    except OSError:
+        pass
