@@ -20,6 +20,8 @@ from pyvmm import codecache, sandbox, trace
 from pyvmm._native import lib
 from pyvmm.arch import ExitHandler
 from pyvmm.config import VmConfig
+from pyvmm.debug.report import annotate as annotate_fault
+from pyvmm.debug.symbols import SymbolFile
 from pyvmm.devices import Device, DeviceKind
 from pyvmm.devices.console import Console, ConsoleClosed
 from pyvmm.errors import DeviceError, GuestFault, HostError, PyvmmError, stop_message
@@ -70,6 +72,7 @@ class Vmm:
         self.kvm_stats: KvmStats | None = None
         self.exit_handler: ExitHandler | None = None
         self.core: CoreDir | None = None  # --dumpcore
+        self.symbols: SymbolFile | None = None  # read at a fault only
         self.net_service: tuple[str, ShmStream | Solo5RingService] | None = None
         self.devices: list[tuple[DeviceKind, Device]] = []
         self.elapsed = 0.0
@@ -147,6 +150,10 @@ class Vmm:
             mode=plan.mode,
         )
         self.exit_handler = plan.arch.exit_handler(plan.mode, vcpu, memory)
+        # Opened now (the sandbox refuses an open later), read at a fault only.
+        self.symbols = SymbolFile.open(kernel.path)
+        if self.symbols is not None:
+            stack.callback(self.symbols.close)
         if self.config.dumpcore is not None:  # its directory, now; its file: run()
             from pyvmm.debug.core import CoreDir
 
@@ -316,7 +323,8 @@ class Vmm:
         trace.mark("to the first KVM_RUN (first guest instruction)")
         try:
             return self._exits(run, count, hypercall, table, hypercalls, arch_answers)
-        except GuestFault:  # a fault, a trap or a hypercall the guest got wrong
+        except GuestFault as err:  # a fault, a trap or a hypercall the guest got wrong
+            annotate_fault(err, vcpu, self.memory, self.symbols)
             if self.core is not None:
                 self.core.dump_guest(self.memory, vcpu, signal=SIGSEGV)
             raise
