@@ -12,6 +12,7 @@
 #include <linux/seccomp.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/personality.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 
@@ -257,8 +258,8 @@ int pyvmm_sandbox_load(const void *prog, int len)
         .filter = (struct sock_filter *)prog,
     };
     int counts[PLACEHOLDERS];
+    int persona, i;
     long ret;
-    int i;
 
     if (len <= 0 || len % sizeof(struct sock_filter) ||
         len / sizeof(struct sock_filter) > BPF_MAXINSNS)
@@ -268,6 +269,13 @@ int pyvmm_sandbox_load(const void *prog, int len)
     for (i = 0; i < PLACEHOLDERS; i++)
         if (counts[i])
             return -EINVAL;
+    /* The mmap and mprotect rules refuse PROT_EXEC; with READ_IMPLIES_EXEC
+     * a readable mapping would be executable anyway (solo5-hvt refuses to
+     * run so): the flag goes. */
+    persona = personality(0xffffffff);
+    if (persona >= 0 && (persona & READ_IMPLIES_EXEC) &&
+        personality(persona & ~READ_IMPLIES_EXEC) < 0)
+        return -errno;
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
         return -errno;
     /*

@@ -51,7 +51,8 @@ int pyvmm_sandbox_build(const char *const *names, int n, int action,
 int pyvmm_sandbox_bind(void *prog, int len, int pid, int vm_fd, int vcpu_fd);
 
 /*
- * Load a bound program: no_new_privs is set, then the filter goes on every
+ * Load a bound program: READ_IMPLIES_EXEC is cleared from the process's
+ * personality and no_new_privs set, then the filter goes on every
  * thread (SECCOMP_FILTER_FLAG_TSYNC), without forcing the speculative
  * store bypass mitigation (SECCOMP_FILTER_FLAG_SPEC_ALLOW, where the kernel
  * has it).  Returns 0 or -errno (-EINVAL: not a whole program, or one

@@ -250,3 +250,38 @@ def test_the_pid_and_fds_are_bound_into_each_process_copy_and_an_unbound_one_is_
     assert lib.pyvmm_sandbox_bind(fresh, len(program), 0, 5, 6) == -errno.EBADF
     with open("/proc/self/status") as f:
         assert re.search(r"^Seccomp:\s+0$", f.read(), re.M)
+
+
+READ_IMPLIES_EXEC = 0x0400000
+WITH_READ_IMPLIES_EXEC = f"""
+import ctypes, sys
+ctypes.CDLL(None).personality({READ_IMPLIES_EXEC})
+from pyvmm.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_reading_never_implies_executing_once_filtered():
+    """The filter refuses PROT_EXEC; a process whose personality makes every
+    readable mapping executable (READ_IMPLIES_EXEC, set by whoever ran it)
+    loses that flag when the filter goes on, so the rule means what it says."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WITH_READ_IMPLIES_EXEC, str(guest("spin"))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert proc.stdout.readline() == "spinning\n"
+        with open(f"/proc/{proc.pid}/personality") as f:
+            assert int(f.read(), 16) & READ_IMPLIES_EXEC == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM, err
