@@ -43,11 +43,11 @@ the one pyvmm gives, by the privilege mode the run used (pyvmm's
 
 - xnow (a write to the program's own text): tests.bats' "host/guest
   translation fault" is solo5-hvt's report of the write reaching a
-  read-only host mapping. pyvmm's page tables mark text read-only for the
-  guest too, and on a PVM host (kvm_pvm) they are all that stops it, so
-  the guest itself faults first: in user mode pyvmm reports it (status 1,
-  "write to read-only memory"); at CPL 0 or deprivileged the guest's trap
-  handler does (255 + ABORT);
+  read-only host mapping where virtualisation is in hardware (on a PVM
+  host solo5-hvt gets another exit for it). pyvmm's page tables mark text
+  read-only for the guest too, so the guest itself faults first: in user
+  mode pyvmm reports it (status 1, "write to read-only memory"); at CPL 0
+  or deprivileged the guest's trap handler does (255 + ABORT);
 - exception, zeropage, notls with ``--bindings pyvmm`` in user mode (CPL 3,
   the default on a PVM host): the guest has no IDT there (it cannot load
   one at CPL 3), so the trap ends the guest and pyvmm reports the fault
