@@ -2,7 +2,7 @@
 side, and where pyvmm's time goes.
 
     python3 bench/boot.py [--runs 20] [--kernel guests/bin/hello.hvt]
-                          [--peer solo5-hvt=/var/cache/pyvmm-solo5/bin/solo5-hvt]
+                          [--peer solo5-hvt=$(scripts/solo5_build.py --print solo5-hvt)]
                           [--checkout NAME=DIR] [--phases] [--json FILE]
 
 Each row runs a command --runs times after one warm-up; the rows take
