@@ -46,8 +46,8 @@ class BlockKind:
         Option(
             "block",
             "PATH",
-            "attach block device NAME to PATH (a file or\na host block device), locked while\n"
-            "the guest runs",
+            "attach block device NAME to PATH (a file or\na host block device, or @FD: one already\n"
+            "open read-write), locked while the guest runs",
             attaches=True,
             complete="file",
         ),
