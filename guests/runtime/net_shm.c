@@ -497,8 +497,8 @@ const struct rt_net_driver *rt_net_shm_probe(solo5_handle_t h,
             if (region.dev[i].handle == h)
                 found = &region.dev[i];
     }
-    /* A frame of this device must fit in a slot (pyvmm refuses to start
-     * otherwise, so this only guards against a broken host). */
+    /* A frame of this device must fit in a slot (pyvmm leaves out of the
+     * region a device whose frames do not: this guards against a broken host). */
     if (found != NULL &&
             (uint64_t)e->u.net_basic.mtu + SOLO5_NET_HLEN > SHM_SLOT_DATA) {
         rt_printf("pyvmm-rt: net device %lu: MTU too large for shmstream "
