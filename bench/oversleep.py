@@ -1,14 +1,14 @@
 """How late a guest's solo5_yield to a deadline comes back, under pyvmm and
 other tenders, side by side.
 
-    python3 bench/oversleep.py [--runs 4] [--solo5-dir /var/cache/pyvmm-solo5]
-                               [--peer solo5-hvt=/var/cache/pyvmm-solo5/bin/solo5-hvt]
+    python3 bench/oversleep.py [--runs 4] [--solo5-dir /var/cache/pyvmm-solo5-build/solo5-v0.12.1]
+                               [--peer solo5-hvt=$(scripts/solo5_build.py --print solo5-hvt)]
                                [--checkout NAME=DIR] [--json FILE]
 
 Two guests measure their own sleeps with their own clocks (the TSC, scaled
 by the frequency the tender reports in the boot info) and print them:
 Solo5's test_time (five yields to now + 1 s; built from Solo5's source as
-scripts/solo5_check.py says) and pyvmm's guests/bin/sleep.hvt (1, 10 and
+scripts/solo5_build.py builds it) and pyvmm's guests/bin/sleep.hvt (1, 10 and
 100 ms). The oversleep is what a yield took beyond what it asked for.
 Each row runs both guests --runs times; the rows take turns, so a machine
 whose load changes treats them alike. A row reports, per requested sleep,
@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHER = ROOT / "pyvmm" / "_launcher"
-SOLO5_DIR = Path("/var/cache/pyvmm-solo5")
+SOLO5_DIR = Path("/var/cache/pyvmm-solo5-build/solo5-v0.12.1")  # scripts/solo5_build.py
 
 # test_time: "[5] Slept for 1000150990 ns" after a yield to now + 1 s.
 SOLO5_SLEPT = re.compile(r"^\[\d\] Slept for (\d+) ns$", re.M)
@@ -81,7 +81,7 @@ def main() -> int:
     args = parser.parse_args()
 
     kernels = [ROOT / "guests" / "bin" / "sleep.hvt"]
-    test_time = args.solo5_dir / "tests" / "test_time.hvt"
+    test_time = args.solo5_dir / "hvt-tests" / "test_time.hvt"
     if test_time.exists():
         kernels.insert(0, test_time)
     else:
