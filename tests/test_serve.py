@@ -211,6 +211,11 @@ def test_errors_are_the_commands_lines_and_the_launcher_serves_on(launcher, tmp_
         status, body = launcher.create(*argv)
         assert status == 400, (argv, body)
         assert body["error"] == cli_line(*argv), argv
+    # A descriptor number in a request would name one of the launcher's own.
+    for option in ("--net=@3", "--block:storage=@0"):
+        status, body = launcher.create("--mem=64", option, guest("blocktest"))
+        assert status == 400, (option, body)
+        assert body["error"].startswith(f"pyvmm: {option}: the launcher cannot take a descriptor")
     assert launcher.api("GET", "/vms/nosuchvm")[0] == 404
     assert launcher.api("GET", "/nothing")[0] == 404
     assert launcher.api("PUT", "/vms")[0] == 405

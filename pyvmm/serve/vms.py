@@ -169,6 +169,19 @@ def pool_key(body: dict[str, Any]) -> tuple[tuple[str, ...], str | None]:
     return tuple(_strings(body, "argv")), optional_path(body, "cwd")
 
 
+def _refuse_descriptor_numbers(devices: dict[str, dict[str | None, Any]]) -> None:
+    """A device given as @FD: in a request, the number would name one of the
+    launcher's descriptors (or its child's), not one the client holds."""
+    for flag, attached in devices.items():
+        for name, value in attached.items():
+            if isinstance(value, str) and value.startswith("@"):
+                option = f"--{flag}" if name is None else f"--{flag}:{name}"
+                raise UsageError(
+                    f"{option}={value}: the launcher cannot take a descriptor number "
+                    "(it would name one of the launcher's own): name the tap or the file"
+                )
+
+
 def prepare(body: dict[str, Any], fds: list[int], facts: HostFacts) -> Prepared:
     """A create request's body -> what the child runs, or HttpError 400
     with the line the command would print."""
@@ -187,6 +200,7 @@ def prepare(body: dict[str, Any], fds: list[int], facts: HostFacts) -> Prepared:
                 f"the launcher runs guests: {cmd.action} is the command's own "
                 f"(pyvmm --{cmd.action})"
             )
+        _refuse_descriptor_numbers(cmd.config.devices)
         with _in_directory(cwd), child._logged(cmd.log_level, child._Notes()) as notes:
             plan = make_plan(
                 cmd.config, machine=facts.machine, flavour=facts.flavour, load=facts.kernels.load
