@@ -20,6 +20,12 @@ unsigned pyvmm_arch_hypercall(const struct pyvmm_exit *exit, uint64_t *gpa)
 
 void pyvmm_arch_decode_exit(const struct kvm_run *run, struct pyvmm_exit *exit)
 {
-    (void)run;
-    (void)exit;
+    /* A debug exit (KVM_SET_GUEST_DEBUG: a single step or a hardware
+     * breakpoint): the exception and where, for the GDB stub. */
+    if (run->exit_reason == KVM_EXIT_DEBUG) {
+        exit->debug_exception = run->debug.arch.exception;
+        exit->debug_pc = run->debug.arch.pc;
+        exit->debug_dr6 = run->debug.arch.dr6;
+        exit->debug_dr7 = run->debug.arch.dr7;
+    }
 }

@@ -27,6 +27,11 @@ struct pyvmm_exit {
     uint64_t hw_reason;       /* KVM_EXIT_FAIL_ENTRY / UNKNOWN */
     uint64_t fault_gpa;       /* KVM_EXIT_MEMORY_FAULT */
     uint64_t fault_flags;
+    uint64_t debug_pc;        /* KVM_EXIT_DEBUG (x86_64: arch.debug) */
+    uint64_t debug_dr6;
+    uint64_t debug_dr7;
+    uint32_t debug_exception; /* 1 (#DB) or 3 (#BP) */
+    uint32_t debug_pad;
 };
 
 /* KVM_EXIT_MEMORY_FAULT (Linux 6.8+), defined here for older headers. */

@@ -43,6 +43,11 @@ SystemEvent = _exit("SystemEvent", "", "A reset, shutdown or crash request (PSCI
 Interrupted = _exit(
     "Interrupted", "", "KVM_RUN returned EINTR: a signal is pending for the vCPU thread."
 )
+Debug = _exit(
+    "Debug",
+    "exception pc dr6 dr7",
+    "KVM_EXIT_DEBUG: a single step or a hardware breakpoint asked with KVM_SET_GUEST_DEBUG.",
+)
 UnknownExit = _exit("UnknownExit", "reason hardware_reason", "An exit pyvmm does not decode.")
 
 
@@ -57,6 +62,7 @@ VcpuExit = (
     | MemoryFault
     | SystemEvent
     | Interrupted
+    | Debug
     | UnknownExit
 )
 
@@ -82,4 +88,6 @@ def decode(exit) -> VcpuExit:
         return MemoryFault(exit.fault_gpa, exit.fault_flags)
     if reason == lib.KVM_EXIT_SYSTEM_EVENT:
         return SystemEvent()
+    if reason == lib.KVM_EXIT_DEBUG:
+        return Debug(exit.debug_exception, exit.debug_pc, exit.debug_dr6, exit.debug_dr7)
     return UnknownExit(reason, exit.hw_reason)
