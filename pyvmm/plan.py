@@ -10,6 +10,7 @@ without KVM. ``vmm.Vmm`` carries the plan out.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -153,6 +154,16 @@ def _explain(config: VmConfig, plan: Plan, flavour: str) -> None:
     else:
         why = "--cpl=auto on a PVM host, and the guest has no user-mode note"
     log.info("privilege: %s mode, the guest's code at CPL %d (%s)", plan.mode, plan.cpl, why)
+    if config.pin_vcpu is not None or config.pin_io is not None:
+        vcpu, io = (
+            f"CPU {c}" if c is not None else "unpinned" for c in (config.pin_vcpu, config.pin_io)
+        )
+        log.info(
+            "pinned (--pin): the vCPU thread to %s, the IO thread to %s (allowed: CPUs %s)",
+            vcpu,
+            io,
+            ",".join(map(str, sorted(os.sched_getaffinity(0)))),
+        )
     log.info(
         "memory: %d MiB mapped, the guest may use 0x0-%#x; kernel %#x-%#x, entry %#x, "
         "stack top %#x; low area (boot info, page tables) below 0x100000",

@@ -33,6 +33,7 @@ import pytest
 
 from conftest import guest, need_tool
 from pyvmm.oci import image as oci_image
+from pyvmm.oci.cgroups import DEFAULT_ROOT, PYVMM_OVERHEAD_MIB, V1_CONTROLLERS, is_v2
 from testkit.netns import NetNamespace
 
 pytestmark = pytest.mark.kvm
@@ -236,11 +237,38 @@ class Lines:
             return next(x for x in self.lines if x.startswith(prefix))
 
 
+def _cgroup_dirs(path: str) -> list[str]:
+    """The container's cgroup directories that exist, in every v1 hierarchy."""
+    dirs = [os.path.join(DEFAULT_ROOT, c, path.lstrip("/")) for c in V1_CONTROLLERS]
+    return [d for d in dirs if os.path.isdir(d)]
+
+
+def _cgroups_of(pid: int) -> dict[str, dict[str, str]]:
+    """Every thread of ``pid``: its cgroup per v1 controller."""
+    threads = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+        threads[tid] = {c: p for _, names, p in lines for c in names.split(",") if c}
+    return threads
+
+
+def _spec_of(root: str, cid: str) -> dict:
+    """The config.json containerd wrote for the container (its bundle, as pyvmm-oci keeps it)."""
+    with open(os.path.join(root, cid, "state.json")) as f:
+        bundle = json.load(f)["bundle"]
+    with open(os.path.join(bundle, "config.json")) as f:
+        return json.load(f)
+
+
 def test_hello_prints_its_output_and_exits_0_with_the_memory_limit_as_mem(containerd):
-    # 33 MiB: pyvmm's --mem=33 says it rounds down to 32 (its note on stderr).
-    done = containerd.run(ref("hello"), "hello1", options=("--memory-limit", str(33 << 20)))
+    # The limit less pyvmm's share is 33 MiB: pyvmm's --mem=33 says it rounds
+    # down to 32 (its note on stderr).
+    limit = (PYVMM_OVERHEAD_MIB + 33) << 20
+    done = containerd.run(ref("hello"), "hello1", options=("--memory-limit", str(limit)))
     assert done.returncode == 0, done.stderr
     assert "pyvmm: adjusting memory to 33554432 bytes" in done.stderr
+    assert _cgroup_dirs("/default/hello1") == []  # the guest ended, delete removed its cgroup
     assert "Hello, world" in done.stdout
     assert done.stdout.rstrip().endswith("SUCCESS")
     assert containerd.containers() == []
@@ -249,6 +277,66 @@ def test_hello_prints_its_output_and_exits_0_with_the_memory_limit_as_mem(contai
     # What the shim called: create with the bundle and pid file, then start.
     create = next(c for c in commands if "create" in c and c[-1] == "hello1")
     assert "--bundle" in create and "--pid-file" in create and "--root" in create
+
+
+def test_a_memory_limit_too_small_for_pyvmm_and_a_guest_gets_one_line(containerd):
+    done = containerd.run(ref("hello"), "tiny1", options=("--memory-limit", str(8 << 20)))
+    assert done.returncode != 0
+    assert (
+        "OCI runtime create failed: memory limit 8388608 bytes is too small for a VM: pyvmm "
+        f"needs {PYVMM_OVERHEAD_MIB} MiB besides the guest's memory" in done.stderr
+    ), done.stderr
+    assert containerd.containers() == []
+    assert _cgroup_dirs("/default/tiny1") == []
+
+
+@pytest.mark.skipif(is_v2(), reason="the host's cgroups are v2 (the v2 layout: unit tests)")
+def test_a_quarter_cpu_limit_holds_a_spinning_guest_in_the_container_s_cgroup(containerd):
+    """ctr run --cpus 0.25: pyvmm and each of its threads sit in the
+    cgroup the spec names, in every controller; the kernel holds the
+    spinning guest to its quota (measured from the cgroup's own CPU
+    accounting, not by the clock); delete removes the cgroup."""
+    proc = subprocess.Popen(
+        containerd.run_argv(ref("spin"), "quarter1", options=("--cpus", "0.25")),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        Lines(proc.stdout).wait_for("spinning")
+        spec = _spec_of(os.path.join(containerd.runc_root, "default"), "quarter1")
+        path = spec["linux"]["cgroupsPath"]
+        assert path == "/default/quarter1"  # what ctr 1.6 passes: /NAMESPACE/ID
+        assert spec["linux"]["resources"]["cpu"] == {
+            "quota": 25000,
+            "period": 100000,
+            "shares": 1024,
+        }
+        tasks = containerd.ctr("task", "ls").stdout
+        pid = int(tasks.split("quarter1", 1)[1].split()[0])
+        threads = _cgroups_of(pid)
+        assert len(threads) >= 2  # pyvmm's vCPU thread and its helpers
+        for tid, where in threads.items():
+            assert {c: where[c] for c in V1_CONTROLLERS} == dict.fromkeys(V1_CONTROLLERS, path), tid
+        cpu = os.path.join(DEFAULT_ROOT, "cpu", path.lstrip("/"))
+        with open(os.path.join(cpu, "cpu.cfs_quota_us")) as f:
+            assert int(f.read()) == 25000
+        usage = os.path.join(DEFAULT_ROOT, "cpuacct", path.lstrip("/"), "cpuacct.usage")
+        with open(usage) as f:
+            before, start = int(f.read()), time.monotonic()
+        time.sleep(3)
+        with open(usage) as f:
+            used, elapsed = int(f.read()) - before, time.monotonic() - start
+        # CFS gives the cgroup 25 ms per 100 ms period; 0.30 allows a period's slack.
+        assert 0 < used / 1e9 / elapsed <= 0.30, used / 1e9 / elapsed
+        containerd.ctr("task", "kill", "quarter1")
+        assert proc.wait(timeout=CTR_TIMEOUT) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert containerd.containers() == []
+    assert _cgroup_dirs("/default/quarter1") == []
 
 
 def test_process_args_are_the_guest_args_and_its_status_the_exit_status(containerd):

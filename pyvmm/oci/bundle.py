@@ -22,11 +22,13 @@ Kubernetes ``args:`` both become the guest's ``7 x``. With networking, the
 annotation ``org.pyvmm.unikernel.net-args`` is a template (``{ip}``,
 ``{prefix}``, ``{cidr}``, ``{netmask}``, ``{gateway}``, ``{mac}``,
 ``{mtu}``, ``{ifname}``, plain names only: pyvmm.oci.netargs) whose words
-go before them. ``linux.resources.memory.limit`` becomes ``--mem`` (MiB,
-rounded down). ``org.pyvmm.unikernel.block.NAME`` = a path in the
-container attaches the unikernel's block device NAME to that file: the
-source of a bind mount with that destination (the operator's choice, which
-may be a host block device), else a regular file of the rootfs.
+go before them. ``linux.resources`` goes to the container's cgroup
+(pyvmm.oci.cgroups); the memory limit less pyvmm's own share becomes
+``--mem`` (MiB, rounded down), and a cpuset the CPUs of ``--pin``.
+``org.pyvmm.unikernel.block.NAME`` = a path in the container attaches
+the unikernel's block device NAME to that file: the source of a bind
+mount with that destination (the operator's choice, which may be a host
+block device), else a regular file of the rootfs.
 
 Every path the image names is resolved inside the rootfs and opened here
 (pyvmm.oci.rootfs); pyvmm gets the descriptors, never the image's paths.
@@ -42,6 +44,7 @@ import stat
 from dataclasses import dataclass, field
 
 from pyvmm.oci import netargs, rootfs
+from pyvmm.oci.cgroups import CgroupError, Resources
 from pyvmm.oci.rootfs import NotInRootfs
 
 PREFIX = "org.pyvmm.unikernel."
@@ -90,6 +93,8 @@ class Unikernel:
     devices: list[dict]  # the manifest's, as pyvmm --query-manifest --json
     annotations: dict[str, str]
     mem_mib: int | None = None
+    resources: Resources = field(default_factory=Resources)
+    cgroups_path: str | None = None
     blocks: dict[str, Attached] = field(default_factory=dict)
     net_template: netargs.Pieces | None = None
     netns: str | None = None  # the path to join
@@ -312,16 +317,6 @@ def _open_block(bundle: str, config: dict, root_fd: int, key: str, path: str) ->
         raise BundleError(f"{key}={shown(path)}: {shown(path)} {err}") from None
 
 
-def _memory(config: dict) -> int | None:
-    linux = _object(config, "linux", "linux")
-    limit = _object(_object(linux, "resources", "linux.resources"), "memory", "memory").get("limit")
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
-        return None
-    if limit >> 20 < 2:
-        raise BundleError(f"memory limit {limit} bytes is below pyvmm's 2 MiB minimum")
-    return limit >> 20
-
-
 def read_bundle(bundle: str, config: dict | None = None) -> Unikernel:
     """Find, open and check the unikernel and its block files; map args,
     memory, namespaces. The caller owns the result's descriptors."""
@@ -365,8 +360,15 @@ def _fill(result: Unikernel, bundle: str, config: dict, root_fd: int) -> None:
     args, inner = result.args, result.inner
     if args and (_same_path(args[0], inner) or args[0] == os.path.basename(inner)):
         result.args = args[1:]
-    result.mem_mib = _memory(config)
-    for ns in _list(_object(config, "linux", "linux"), "namespaces", "linux.namespaces"):
+    linux = _object(config, "linux", "linux")
+    try:
+        result.resources = Resources.from_spec(linux.get("resources"))
+        result.mem_mib = result.resources.guest_mem_mib()
+    except CgroupError as err:
+        raise BundleError(str(err)) from None
+    if linux.get("cgroupsPath") is not None:
+        result.cgroups_path = _text(linux["cgroupsPath"], "linux.cgroupsPath")
+    for ns in _list(linux, "namespaces", "linux.namespaces"):
         if isinstance(ns, dict) and ns.get("type") == "network":
             if ns.get("path"):
                 result.netns = _text(ns["path"], "the network namespace's path")

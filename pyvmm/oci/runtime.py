@@ -52,7 +52,7 @@ import time
 from datetime import UTC, datetime
 
 from pyvmm import __version__
-from pyvmm.oci import netargs
+from pyvmm.oci import cgroups, netargs
 from pyvmm.oci.bundle import (
     NET_ARGS,
     BundleError,
@@ -212,10 +212,17 @@ def pyvmm_command() -> list[str]:
     return [sys.executable, "-m", "pyvmm"]
 
 
-def pyvmm_argv(kernel: Unikernel, tap: str | None, mac: str | None) -> list[str]:
+def pyvmm_argv(
+    kernel: Unikernel, tap: str | None, mac: str | None, verbose: bool = False
+) -> list[str]:
     argv = pyvmm_command()
+    if verbose:
+        argv.append("-v")
     if kernel.mem_mib is not None:
         argv.append(f"--mem={kernel.mem_mib}")
+    pin = kernel.resources.pin()
+    if pin is not None:  # the cgroup's cpuset: the vCPU and IO threads inside it
+        argv.append(f"--pin=vcpu={pin[0]},io={pin[1]}")
     if tap is not None:
         name = kernel.net_devices[0]
         argv += [f"--net:{name}={tap}", f"--net-mac:{name}={mac}"]
@@ -285,10 +292,18 @@ def _create(
         "annotations": kernel.annotations,
         "netns": kernel.netns,
         "link": None,
+        "cgroup": None,
     }
     container.save(state)
     console = None
     try:
+        try:
+            path = cgroups.spec_path(kernel.cgroups_path, args.id, args.systemd_cgroup)
+            cgroup = cgroups.create(path, kernel.resources)
+        except cgroups.CgroupError as err:
+            raise RuntimeError_(str(err)) from None
+        state["cgroup"] = cgroup.to_state()
+        container.save(state)
         tap = mac = None
         if kernel.net_devices:
             try:
@@ -304,7 +319,7 @@ def _create(
                 except netargs.TemplateError as err:
                     raise RuntimeError_(f"{NET_ARGS}: bad template: {err}") from None
                 kernel.args = words + kernel.args
-        argv = pyvmm_argv(kernel, tap, mac)
+        argv = pyvmm_argv(kernel, tap, mac, verbose=args.debug)
         os.mkfifo(container.fifo, 0o600)
         if args.console_socket:
             console = _send_console(args.console_socket)
@@ -317,6 +332,12 @@ def _create(
         state["start_time"] = _start_time(pid)
         state["argv"] = argv
         container.save(state)
+        try:  # before exec: every thread pyvmm starts is born in the cgroup
+            cgroup.join(pid)
+        except cgroups.CgroupError as err:
+            raise RuntimeError_(str(err)) from None
+        if args.debug:
+            args.logger.write("debug", f"cgroup {path} ({', '.join(cgroup.leaves())}); {argv}")
         if args.pid_file:
             write_private(args.pid_file, str(pid))
     except BaseException:
@@ -391,18 +412,39 @@ def kill(root: str, args: argparse.Namespace) -> None:
         os.kill(state["pid"], signum)
     except ProcessLookupError:
         raise RuntimeError_("container not running") from None
+    if args.all and state.get("cgroup"):  # runc's --all: every process in the cgroup
+        cgroups.Cgroup.from_state(state["cgroup"]).signal_all(signum)
 
 
-def _remove(container: Container, state: dict, kill: bool) -> None:
+def _remove(container: Container, state: dict, kill: bool) -> str | None:
+    """Kill, and remove what create made: the cgroup (whatever is still in
+    it killed too), the network, the state. A cgroup that cannot be
+    removed keeps the state, so a later delete tries again; its reason is
+    returned."""
     from pyvmm.oci import network
 
     if kill and container.alive(state):
         with contextlib.suppress(ProcessLookupError):
             os.kill(state["pid"], signal.SIGKILL)
+    failed = None
+    if state.get("cgroup"):
+        cgroup = cgroups.Cgroup.from_state(state["cgroup"])
+        if kill:
+            cgroup.signal_all(signal.SIGKILL)
+        try:
+            cgroup.remove()
+        except cgroups.CgroupError as err:
+            failed = str(err)
     if state.get("link") and state.get("netns"):
         with contextlib.suppress(Exception):
             network.teardown(state["netns"], state["link"])
+        state["link"] = None
+    if failed is not None:
+        with contextlib.suppress(OSError):
+            container.save(state)
+        return failed
     shutil.rmtree(container.dir, ignore_errors=True)
+    return None
 
 
 def delete(root: str, args: argparse.Namespace) -> None:
@@ -416,7 +458,9 @@ def delete(root: str, args: argparse.Namespace) -> None:
     status = container.status(state)
     if status == "running" and not args.force:
         raise RuntimeError_("cannot delete a running container (use --force)")
-    _remove(container, state, kill=True)
+    failed = _remove(container, state, kill=True)
+    if failed is not None:
+        raise RuntimeError_(failed)
 
 
 def ps(root: str, args: argparse.Namespace) -> None:
@@ -472,7 +516,8 @@ def parser() -> argparse.ArgumentParser:
             "(docs/orchestration.md)."
         ),
         epilog=(
-            "runc's --debug, --systemd-cgroup, --rootless and --criu are accepted and ignored. "
+            "--systemd-cgroup reads cgroupsPath as slice:prefix:name; --debug adds pyvmm's -v "
+            "and a debug line in the log. runc's --rootless and --criu are accepted and ignored. "
             "Not supported (a unikernel is one process): " + ", ".join(UNSUPPORTED) + "."
         ),
     )
@@ -586,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser().print_help(sys.stderr)
         return 2
-    log = Log(args.log, args.log_format)
+    log = args.logger = Log(args.log, args.log_format)
     try:
         if getattr(args, "id", None) is not None:
             check_id(args.id)  # before anything names ROOT/ID, runc's state included

@@ -18,6 +18,7 @@ import pytest
 from conftest import guest
 from pyvmm.oci import image as oci_image
 from pyvmm.oci.bundle import BundleError, net_args, read_bundle
+from pyvmm.oci.cgroups import PYVMM_OVERHEAD_MIB
 from pyvmm.oci.network import Link, tap_name
 from pyvmm.oci.runtime import parse_signal, pyvmm_argv, pyvmm_command
 
@@ -57,18 +58,19 @@ def test_process_args_become_guest_args_without_the_entrypoint(tmp_path, args, g
         assert kernel.path == f"/proc/self/fd/{kernel.fd}"
 
 
-def test_memory_limit_becomes_mem_in_mib(tmp_path):
+def test_memory_limit_less_pyvmm_s_overhead_becomes_mem_in_mib(tmp_path):
     bundle = make_bundle(tmp_path, linux={"resources": {"memory": {"limit": 64 * 2**20 + 12345}}})
     kernel = read_bundle(str(bundle))
-    assert kernel.mem_mib == 64
+    assert kernel.mem_mib == 64 - PYVMM_OVERHEAD_MIB
     command, argv = pyvmm_command(), pyvmm_argv(kernel, None, None)
     assert argv[: len(command)] == command
-    assert argv[len(command) :] == ["--mem=64", "--", kernel.path]
+    assert argv[len(command) :] == [f"--mem={64 - PYVMM_OVERHEAD_MIB}", "--", kernel.path]
 
 
-def test_a_limit_below_2_mib_is_refused(tmp_path):
-    bundle = make_bundle(tmp_path, linux={"resources": {"memory": {"limit": 2**20}}})
-    with pytest.raises(BundleError, match="below pyvmm's 2 MiB minimum"):
+@pytest.mark.parametrize("mib", [1, PYVMM_OVERHEAD_MIB, PYVMM_OVERHEAD_MIB + 1])
+def test_a_limit_too_small_for_pyvmm_and_a_guest_is_refused(tmp_path, mib):
+    bundle = make_bundle(tmp_path, linux={"resources": {"memory": {"limit": mib << 20}}})
+    with pytest.raises(BundleError, match=r"too small for a VM: pyvmm needs 16 MiB besides"):
         read_bundle(str(bundle))
 
 
