@@ -721,3 +721,116 @@ def test_a_networked_unikernel_without_a_cni_interface_is_refused(tmp_path):
         )
         assert pod.links() == ["lo"]
     assert os.listdir(root) == []
+
+
+# Runs in a child subreaper (as the shim is): create (the guest's stdio
+# to BUNDLE/out), start, wait for "spinning"; prints one JSON line with
+# each thread's CPU affinity and cgroups, the cgroup's files, and what is
+# left after the guest is killed and the container deleted. argv[1]: the
+# pyvmm-oci command prefix as JSON; argv[2]: the id; argv[3]: the bundle;
+# argv[4]: the cgroup's directory under each hierarchy, as JSON.
+CGROUP_RUN = r"""
+import ctypes, json, os, subprocess, sys, time
+ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+oci, cid, bundle, rel = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+out_path = os.path.join(bundle, "out")
+with open(out_path, "w") as out:
+    rc = subprocess.run(oci + ["create", "--bundle", bundle, "--pid-file",
+                        os.path.join(bundle, "pid"), cid], stdin=subprocess.DEVNULL,
+                        stdout=out, stderr=out, timeout=60).returncode
+assert rc == 0, open(out_path).read()
+pid = int(open(os.path.join(bundle, "pid")).read())
+assert subprocess.run(oci + ["start", cid], timeout=60).returncode == 0
+deadline = time.monotonic() + 30
+while "spinning" not in open(out_path).read():
+    assert time.monotonic() < deadline, open(out_path).read()
+    time.sleep(0.05)
+seen = {"threads": {}}
+for tid in os.listdir(f"/proc/{pid}/task"):
+    with open(f"/proc/{pid}/task/{tid}/cgroup") as f:
+        where = {c: p for _, names, p in (l.rstrip().split(":", 2) for l in f)
+                 for c in names.split(",") if c}
+    seen["threads"][tid] = [sorted(os.sched_getaffinity(int(tid))), where]
+def read(controller, name):
+    with open(os.path.join("/sys/fs/cgroup", controller, rel, name)) as f:
+        return f.read().strip()
+seen["files"] = [read("cpuset", "cpuset.cpus"), read("cpu", "cpu.shares"),
+                 read("pids", "pids.max"), read("memory", "memory.limit_in_bytes")]
+os.kill(pid, 9)  # the VM dies; delete must still leave nothing
+seen["exit"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+seen["delete"] = subprocess.run(oci + ["delete", cid], capture_output=True, text=True).stderr
+seen["out"] = open(out_path).read()
+print(json.dumps(seen))
+"""
+
+CGROUP_PATHS = {  # form: (cgroupsPath, the global option, the directory it names)
+    "absolute": ("/pyvmm-test-{n}/c1", [], "pyvmm-test-{n}/c1"),
+    "systemd": (
+        "pyvmmtest-{n}.slice:pyvmm:c1",
+        ["--systemd-cgroup"],
+        "pyvmmtest.slice/pyvmmtest-{n}.slice/pyvmm-c1.scope",
+    ),
+}
+
+
+@pytest.mark.skipif(is_v2(), reason="the host's cgroups are v2 (the v2 layout: unit tests)")
+@pytest.mark.parametrize("form", CGROUP_PATHS)
+def test_a_cpuset_pins_every_thread_inside_it_and_delete_removes_the_cgroup(tmp_path, form):
+    """A spec's cpuset, shares, pids and memory limit reach the cgroup the
+    path names (both of runc's forms); pyvmm's threads are all inside it
+    and allowed only the set's CPU; -v (pyvmm-oci --debug) names the
+    pinning; after the VM is killed, delete leaves no directory behind."""
+    n = f"{os.getpid()}x{len(form)}"
+    path, options, rel = (x.format(n=n) if isinstance(x, str) else x for x in CGROUP_PATHS[form])
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    bundle = tmp_path / "bundle"
+    (bundle / "rootfs" / "unikernel").mkdir(parents=True)
+    shutil.copy(guest("spin"), bundle / "rootfs" / "unikernel" / "kernel.hvt")
+    resources = {
+        "cpu": {"cpus": str(cpu), "shares": 512},
+        "pids": {"limit": 32},
+        "memory": {"limit": 64 << 20},
+    }
+    config = {
+        "ociVersion": "1.0.2",
+        "process": {"args": []},
+        "root": {"path": "rootfs"},
+        "linux": {"cgroupsPath": path, "resources": resources},
+    }
+    (bundle / "config.json").write_text(json.dumps(config))
+    root = tmp_path / "root"
+    oci = [runtime_binary(), "--root", str(root), "--debug", *options]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", CGROUP_RUN, json.dumps(oci), "cs1", str(bundle), rel],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        seen = json.loads(done.stdout)
+    finally:  # on failure: the guest by pid, the directories by name
+        for pid in _pids_mentioning(str(bundle)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for top in {rel.split("/")[0]}:
+            for c in V1_CONTROLLERS:
+                for dirpath, _, _ in sorted(
+                    os.walk(os.path.join(DEFAULT_ROOT, c, top)), key=lambda w: -len(w[0])
+                ):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(dirpath)
+    assert len(seen["threads"]) >= 2
+    for tid, (affinity, where) in seen["threads"].items():
+        assert affinity == [cpu], tid
+        assert {c: where[c] for c in V1_CONTROLLERS} == dict.fromkeys(V1_CONTROLLERS, "/" + rel)
+    assert seen["files"] == [str(cpu), "512", "32", str(64 << 20)]
+    assert (
+        f"pyvmm: pinned (--pin): the vCPU thread to CPU {cpu}, the IO thread to CPU {cpu}"
+        in (seen["out"])
+    )
+    assert f"pyvmm: memory: {64 - PYVMM_OVERHEAD_MIB} MiB mapped" in seen["out"]
+    assert seen["exit"] == -signal.SIGKILL and seen["delete"] == ""
+    assert _cgroup_dirs(rel) == []
+    assert _cgroup_dirs(rel.split("/")[0]) == []  # the parents it made, too
+    assert os.listdir(root) == []
