@@ -320,15 +320,17 @@ class Cgroup:
 # -- making it -----------------------------------------------------------------
 
 
-def _make_dirs(base: str, parts: list[str], made: list[str], fill=None) -> str:
-    """``base/parts...``, each level made if missing (and ``fill``ed from
-    its parent); a parent another container's delete removes meanwhile is
-    made again."""
+def _make_dirs(base: str, parts: list[str], made: list[str], before=None, fill=None) -> str:
+    """``base/parts...``, each level made if missing (``before(parent)``
+    first, ``fill(parent, level)`` after); a parent another container's
+    delete removes meanwhile is made again."""
     for _attempt in range(5):
         directory = base
         try:
             for part in parts:
                 parent, directory = directory, os.path.join(directory, part)
+                if before is not None:
+                    before(parent)
                 try:
                     _mkdir(directory, 0o755)
                     made.append(directory)
@@ -409,7 +411,7 @@ def _create_v1(cgroup: Cgroup, path: str, resources: Resources, root: str) -> No
         parts = _base(path, own.get(name, "/"))
         if not parts:
             raise CgroupError(f"cgroupsPath {path!r} is the root cgroup")
-        cgroup.dirs[name] = _make_dirs(base, parts, cgroup.made, fill)
+        cgroup.dirs[name] = _make_dirs(base, parts, cgroup.made, fill=fill)
     d = cgroup.dirs
     r = resources
     if r.cpu_shares:
@@ -447,7 +449,7 @@ def _create_v2(cgroup: Cgroup, path: str, resources: Resources, root: str) -> No
     if not parts:
         raise CgroupError(f"cgroupsPath {path!r} is the root cgroup")
 
-    def enable(parent: str, directory: str) -> None:
+    def enable(parent: str) -> None:
         # A controller reaches a cgroup only through its parent's subtree_control.
         offered = set(_read(parent, "cgroup.controllers").split())
         enabled = set(_read(parent, "cgroup.subtree_control").split())
@@ -455,7 +457,7 @@ def _create_v2(cgroup: Cgroup, path: str, resources: Resources, root: str) -> No
             if name in offered and name not in enabled:
                 _write(parent, "cgroup.subtree_control", "+" + name)
 
-    leaf = _make_dirs(root, parts, cgroup.made, enable)
+    leaf = _make_dirs(root, parts, cgroup.made, before=enable)
     cgroup.dirs[""] = leaf
     r = resources
     if r.cpu_quota is not None or r.cpu_period:
