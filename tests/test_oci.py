@@ -329,6 +329,14 @@ def test_a_quarter_cpu_limit_holds_a_spinning_guest_in_the_container_s_cgroup(co
             used, elapsed = int(f.read()) - before, time.monotonic() - start
         # CFS gives the cgroup 25 ms per 100 ms period; 0.30 allows a period's slack.
         assert 0 < used / 1e9 / elapsed <= 0.30, used / 1e9 / elapsed
+        # The shim's statistics (CRI's ContainerStats) come from the same cgroup.
+        metrics = json.loads(
+            containerd.ctr("task", "metrics", "--format", "json", "quarter1").stdout
+        )
+        assert metrics["pids"]["current"] == len(os.listdir(f"/proc/{pid}/task"))
+        assert metrics["cpu"]["usage"]["total"] >= used
+        assert metrics["cpu"]["throttling"]["throttled_periods"] > 0  # the quota at work
+        assert metrics["memory"]["usage"]["usage"] > 0
         containerd.ctr("task", "kill", "quarter1")
         assert proc.wait(timeout=CTR_TIMEOUT) == 128 + signal.SIGTERM
     finally:
