@@ -153,6 +153,20 @@ def _no_sandbox(cmd: Command, name: str, value: str | None) -> None:
     cmd.config.sandbox = False
 
 
+def _gdb_port(cmd: Command, name: str, value: str | None) -> None:
+    if value is None or not is_decimal(value) or int(value) > 65535:
+        raise UsageError(f"{name}: '{value}' is not a port number (0-65535; 0: any free one)")
+    cmd.config.gdb = True
+    cmd.config.gdb_port = int(value)
+
+
+def _gdb_socket(cmd: Command, name: str, value: str | None) -> None:
+    if not value:
+        raise UsageError(f"{name}: the socket's path is empty")
+    cmd.config.gdb = True
+    cmd.config.gdb_socket = value
+
+
 def _choice(values: tuple[str, ...]) -> Callable[[str, str], str]:
     def check(name: str, value: str) -> str:
         if value not in values:
@@ -309,6 +323,27 @@ OPTIONS: tuple[CliOption | object, ...] = (
         "core of the guest to DIR/core.solo5-hvt.PID\n"
         "(solo5-hvt-debug's option; docs/debugging.md)",
         _set("dumpcore", lambda n, v: v),
+        complete="file",
+    ),
+    CliOption(
+        ("--gdb",),
+        "",
+        "wait for gdb on 127.0.0.1:1234 before the guest's\n"
+        "first instruction (solo5-hvt-debug's option;\n"
+        "docs/debugging.md)",
+        _set("gdb"),
+    ),
+    CliOption(
+        ("--gdb-port",),
+        "N",
+        "--gdb on port N of 127.0.0.1 (0: any free port,\nnamed on stderr)",
+        _gdb_port,
+    ),
+    CliOption(
+        ("--gdb-socket",),
+        "PATH",
+        "--gdb on a new Unix socket at PATH (removed once\ngdb connects)",
+        _gdb_socket,
         complete="file",
     ),
     CliOption(

@@ -71,6 +71,11 @@ class VmConfig:
     # --dumpcore=DIR: an ELF core of the guest in DIR on a fault or an abort
     # (pyvmm/debug/core.py).
     dumpcore: str | None = None
+    # --gdb, --gdb-port=N, --gdb-socket=PATH: a GDB stub (pyvmm/debug/gdbstub.py)
+    # on 127.0.0.1:gdb_port or the Unix socket gdb_socket.
+    gdb: bool = False
+    gdb_port: int | None = None
+    gdb_socket: str | None = None
 
     def __init__(self, kernel: str, **settings: Any) -> None:
         self.kernel = kernel

@@ -24,12 +24,20 @@ from pyvmm.debug.report import annotate as annotate_fault
 from pyvmm.debug.symbols import SymbolFile
 from pyvmm.devices import Device, DeviceKind
 from pyvmm.devices.console import Console, ConsoleClosed
-from pyvmm.errors import DeviceError, GuestFault, HostError, PyvmmError, stop_message
+from pyvmm.errors import (
+    DeviceError,
+    GuestFault,
+    HostError,
+    PyvmmError,
+    UsageError,
+    stop_message,
+)
 from pyvmm.faults import fault
 from pyvmm.hvt.bootinfo import BootInfo
 from pyvmm.hvt.hypercalls import Halt, Hypercalls
 from pyvmm.iothread import MODES
 from pyvmm.kvm import Interrupted, IoOut, Mmio, System, VcpuExit
+from pyvmm.kvm.exits import Debug
 from pyvmm.kvm.stats import KvmStats
 from pyvmm.kvm.system import kvm_flavour
 from pyvmm.loader import DeviceType, load_kernel, page_protections, place
@@ -40,6 +48,7 @@ from pyvmm.statsview import StatsOutput, open_json
 
 if TYPE_CHECKING:
     from pyvmm.debug.core import CoreDir
+    from pyvmm.debug.gdbstub import GdbStub
 
     # Imported when a plan has net devices (a guest without any never does).
     from pyvmm.devices.net.shmstream import ShmStream
@@ -72,6 +81,7 @@ class Vmm:
         self.kvm_stats: KvmStats | None = None
         self.exit_handler: ExitHandler | None = None
         self.core: CoreDir | None = None  # --dumpcore
+        self.gdb: GdbStub | None = None  # --gdb
         self.symbols: SymbolFile | None = None  # read at a fault only
         self.net_service: tuple[str, ShmStream | Solo5RingService] | None = None
         self.devices: list[tuple[DeviceKind, Device]] = []
@@ -161,6 +171,8 @@ class Vmm:
             stack.callback(self.core.close)
         self.stop_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         stack.callback(os.close, self.stop_fd)
+        if self.config.gdb:  # listening now; gdb is waited for in run()
+            self._listen_for_gdb(plan)
         self._prepare_null_kick()
         self.hypercalls = Hypercalls(memory, Console(), self.devices, self.stop_fd, shm)
         # PYVMM_PY_HYPERCALLS=1 answers every hypercall in Python (for
@@ -169,6 +181,21 @@ class Vmm:
             None if os.environ.get("PYVMM_PY_HYPERCALLS") else self.hypercalls.fast_path()
         )
         trace.mark("vCPU set-up, boot info, hypercall table")
+
+    def _listen_for_gdb(self, plan: Plan) -> None:
+        from pyvmm.debug.gdbstub import DEFAULT_PORT, Endpoint, GdbStub
+
+        config = self.config
+        if config.gdb_socket is not None and config.gdb_port is not None:
+            raise UsageError("--gdb-port and --gdb-socket: give one of them")
+        if os.uname().machine != "x86_64":
+            raise UsageError(f"--gdb: not yet on {os.uname().machine} hosts (x86_64 only)")
+        port = DEFAULT_PORT if config.gdb_port is None else config.gdb_port
+        endpoint = Endpoint(port=port, path=config.gdb_socket)
+        self.gdb = GdbStub(endpoint, plan.mode, self.vcpu, self.memory, self.stop_fd)
+        self.stack.callback(self.gdb.close)
+        if self.exit_handler is not None and hasattr(self.exit_handler, "debugger"):
+            self.exit_handler.debugger = self.gdb.trap_stop
 
     def _start_net_service(self, plan: Plan, boot: BootInfo) -> tuple[BootInfo, ShmStream | None]:
         """The IO thread's service for the net devices, as planned: Solo5's
@@ -268,6 +295,8 @@ class Vmm:
                 sandbox.drop_privileges(self.config.user)
             if self.core is not None:  # the core's file, as the user the run ends as
                 self.core.prepare(sandboxed=self.config.sandbox)
+            if self.gdb is not None:  # its connection, before the filter refuses accept
+                self.gdb.accept(self.plan.kernel.path)
             if self.config.sandbox:
                 sandbox.install(kvm_fd=self.system.fd, vm_fd=self.vm.fd, vcpu_fd=self.vcpu.fd)
                 trace.mark("sandbox (seccomp filter)")
@@ -321,18 +350,31 @@ class Vmm:
         if trace.enabled:  # the first exit marked: a wrapper for its first call only
             run = _first_exit(vcpu, hypercall, table)
         trace.mark("to the first KVM_RUN (first guest instruction)")
+        gdb = self.gdb
         try:
-            return self._exits(run, count, hypercall, table, hypercalls, arch_answers)
+            if gdb is not None:
+                gdb.start()
+            status = self._exits(run, count, hypercall, table, hypercalls, arch_answers)
         except GuestFault as err:  # a fault, a trap or a hypercall the guest got wrong
             annotate_fault(err, vcpu, self.memory, self.symbols)
+            if gdb is not None:  # it stops in gdb first
+                gdb.faulted(err)
             if self.core is not None:
                 self.core.dump_guest(self.memory, vcpu, signal=SIGSEGV)
             raise
+        except Stopped as err:
+            if gdb is not None:
+                gdb.signalled(err.exit_status - 128)
+            raise
+        if gdb is not None:
+            gdb.exited(status)
+        return status
 
     def _exits(self, run, count, hypercall, table, hypercalls, arch_answers) -> int:
         """The exit loop itself: until the guest halts, faults or is stopped."""
         vcpu = self.vcpu
         fast_path = self.fast_path
+        gdb = self.gdb
         while True:
             exit = run(fast_path)
             count(exit)
@@ -350,6 +392,10 @@ class Vmm:
             elif type(exit) is Interrupted:
                 if lib.pyvmm_stop_signal():
                     raise Stopped(lib.pyvmm_stop_signal())
+                if gdb is not None:  # gdb's Ctrl-C kicks the vCPU
+                    gdb.interrupted()
+            elif type(exit) is Debug and gdb is not None and gdb.debug_exit(exit):
+                pass
             elif arch_answers is not None and arch_answers(exit):
                 if lib.pyvmm_stop_signal():
                     raise Stopped(lib.pyvmm_stop_signal())

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import struct
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -72,7 +73,7 @@ VECTOR_NAMES = {
     8: "#DF", 10: "#TS", 11: "#NP", 12: "#SS", 13: "#GP", 14: "#PF", 16: "#MF",
     17: "#AC", 18: "#MC", 19: "#XM", 20: "#VE", 21: "#CP",
 }  # fmt: skip
-GP, UD, PF, BP = 13, 6, 14, 3
+GP, UD, PF, BP, DB = 13, 6, 14, 3, 1
 
 RFLAGS_TF = 1 << 8
 RFLAGS_IF = 1 << 9
@@ -162,6 +163,7 @@ class Frame:
         self.rip, cs, self.rflags, self.rsp, ss = words
         self.cs, self.ss = cs & 0xFFFF, ss & 0xFFFF
         self.code = b""  # the instruction's bytes, once fetched
+        self.debugged = False  # a debugger stopped the guest at this trap
         self._regs = self._sregs = None
         self.regs_dirty = self.sregs_dirty = False
 
@@ -197,6 +199,10 @@ class TrapEmulator:
         self.memory = memory
         self.shadow = Shadow()
         self.counts: Counter[str] = Counter()
+        #: A GDB stub's ``trap_stop(frame, vector, address) -> bool``
+        #: (pyvmm/debug/gdbstub.py): offered the guest's #DB and int3 before
+        #: the guest's own handler; True when they were the debugger's.
+        self.debugger: Callable[[Frame, int, int], bool] | None = None
 
     # -- the exit ------------------------------------------------------------
     def handle(self, exit: VcpuExit) -> bool:
@@ -214,8 +220,12 @@ class TrapEmulator:
             )
         if vector == PF:
             self.shadow.cr2 = frame.sregs.cr2
-        if vector in (GP, UD):
+        if vector in (DB, BP) and self._debugger(frame, vector, frame.rip - (vector == BP)):
+            pass
+        elif vector in (GP, UD):
             self._privileged(frame)
+            if frame.rflags & RFLAGS_TF and not frame.debugged:  # a step over it ends
+                self._debugger(frame, DB, frame.rip)
         else:
             self._deliver(frame, vector, frame.error_code, frame.rip)
         self._resume(frame)
@@ -223,6 +233,12 @@ class TrapEmulator:
 
     def counters(self) -> dict[str, int]:
         return dict(self.counts)
+
+    def _debugger(self, frame: Frame, vector: int, address: int) -> bool:
+        if self.debugger is None or not self.debugger(frame, vector, address):
+            return False
+        frame.debugged = True
+        return True
 
     # -- privileged instructions ----------------------------------------------
     def _privileged(self, frame: Frame) -> None:
@@ -392,6 +408,8 @@ class TrapEmulator:
     _do_wbinvd = _do_invd = _do_invlpg
 
     def _do_int3(self, frame: Frame, insn: Instruction, next_rip: int) -> bool:
+        if self._debugger(frame, BP, frame.rip):  # a debugger's breakpoint
+            return False
         self._deliver(frame, BP, None, next_rip)
         return False
 
