@@ -56,7 +56,7 @@ GUEST_MIN_MIB = 2  # pyvmm's smallest --mem
 MIB = 1 << 20
 #: How long delete waits for the killed processes to leave the cgroup.
 EMPTY_TIMEOUT = 5.0
-CPU_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
+CPU_LIST = re.compile(r"\d{1,6}(-\d{1,6})?(,\d{1,6}(-\d{1,6})?)*")
 SYSTEMD_PATH = re.compile(r"[^:/]*:[^:/]*:[^:/]+")
 
 
@@ -336,6 +336,12 @@ def _make_dirs(base: str, parts: list[str], made: list[str], before=None, fill=N
                     made.append(directory)
                 except FileExistsError:
                     pass
+                except FileNotFoundError:
+                    raise
+                except OSError as err:
+                    raise CgroupError(
+                        f"cannot make the cgroup {directory}: {err.strerror}"
+                    ) from None
                 if fill is not None:
                     fill(parent, directory)
             return directory

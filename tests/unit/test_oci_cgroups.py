@@ -65,6 +65,7 @@ def test_a_cpu_list_is_read_as_the_kernel_does():
         ({"cpu": {"cpus": "0-a"}}, "linux.resources.cpu.cpus '0-a' is not a list such as 0-3,6"),
         ({"cpu": {"mems": 0}}, "linux.resources.cpu.mems 'int' is not a list"),
         ({"cpu": {"cpus": "1\n+memory"}}, "is not a list such as"),  # no second line to write
+        ({"cpu": {"cpus": "1" * 5000}}, "is not a list such as"),  # (int() refuses 4300 digits)
         ({"pids": {"limit": 1.5}}, "linux.resources.pids.limit is not an integer"),
         ({"memory": {"limit": "1G"}}, "linux.resources.memory.limit is not an integer"),
     ],
@@ -324,6 +325,12 @@ def test_a_relative_path_is_below_the_caller_s_cgroup(cgroup_root, tree, monkeyp
     monkeypatch.setattr(cgroups, "_own_cgroups", lambda: {"": "/user/session"})
     cg = cgroups.create("c1", Resources(), root=tree.root)
     assert cg.dirs[""] == os.path.join(tree.root, "user", "session", "c1")
+
+
+def test_a_directory_that_cannot_be_made_is_one_line(cgroup_root, tree):
+    with pytest.raises(CgroupError, match="cannot make the cgroup .*: File name too long"):
+        cgroups.create("/a/" + "x" * 300, Resources(), root=tree.root)
+    assert not os.path.exists(os.path.join(tree.root, "a"))
 
 
 def test_the_root_cgroup_is_refused(cgroup_root, tree):
