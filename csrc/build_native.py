@@ -23,6 +23,7 @@ SHARED_HEADERS = (
     "solo5_ring.h",
     "native.h",
     "guestmem.h",
+    "imagelease.h",
     "hcfast.h",
     "iothread.h",
     "sandbox.h",
@@ -30,6 +31,7 @@ SHARED_HEADERS = (
 SOURCES = (
     "native.c",
     "guestmem.c",
+    "imagelease.c",
     "hcfast.c",
     "iothread.c",
     "iothread_shm.c",

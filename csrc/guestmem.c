@@ -1,5 +1,11 @@
-/* See guestmem.h: the one checked accessor of guest memory. */
+/* See guestmem.h: the one checked accessor of guest memory, and the copy
+ * that survives a page gone from under it. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "guestmem.h"
 #include "hvt_abi.h"
@@ -23,4 +29,105 @@ void *pyvmm_guestmem_at(const struct pyvmm_guestmem *m, uint64_t gpa, uint64_t l
         if (gpa < m->ro[2 * i + 1] && m->ro[2 * i] < gpa + len)
             return NULL;
     return (void *)(uintptr_t)(m->host + gpa);
+}
+
+/*
+ * The guarded copy. Why a SIGBUS handler and not process_vm_readv or a
+ * pread of /proc/self/mem, which answer EFAULT by themselves: those are a
+ * system call per copy (about a microsecond, on paths that copy a few
+ * bytes), /proc/self/mem is a file to keep open (and one the sandbox
+ * would have to let through), and the sandbox has no process_vm_readv.
+ * A copy here costs a sigsetjmp that saves no signal mask (SA_NODEFER:
+ * the handler leaves the mask as it found it), a store of this thread's
+ * guard, and the memcpy.
+ */
+struct guard {
+    sigjmp_buf env;
+    uintptr_t lo[2], hi[2];   /* the source and destination ranges */
+};
+
+/* This thread's copy in progress. initial-exec: read in a signal handler,
+ * where a lazily allocated TLS block (dlopen'ed code's default) could call
+ * malloc. */
+static __thread struct guard *volatile current __attribute__((tls_model("initial-exec")));
+static struct sigaction previous;
+static int guard_state;   /* 0: not installed, 1: being installed, 2: installed */
+
+static int inside(const struct guard *g, uintptr_t a)
+{
+    return (a >= g->lo[0] && a < g->hi[0]) || (a >= g->lo[1] && a < g->hi[1]);
+}
+
+static void on_sigbus(int sig, siginfo_t *si, void *context)
+{
+    struct guard *g = current;
+
+    (void)context;
+    if (g && si->si_code > 0 && inside(g, (uintptr_t)si->si_addr)) {
+        current = NULL;
+        siglongjmp(g->env, 1);
+    }
+    /* Not a guarded copy's: what would have happened without this handler
+     * (a fault runs its instruction again and faults again; a signal that
+     * was sent is sent again). */
+    sigaction(SIGBUS, &previous, NULL);
+    if (si->si_code <= 0)
+        raise(sig);
+}
+
+static void install(void)
+{
+    struct sigaction sa;
+    int expected = 0;
+
+    if (__atomic_load_n(&guard_state, __ATOMIC_ACQUIRE) == 2)
+        return;
+    if (!__atomic_compare_exchange_n(&guard_state, &expected, 1, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE)) {
+        while (__atomic_load_n(&guard_state, __ATOMIC_ACQUIRE) != 2)
+            ;   /* another thread is installing it: a few microseconds */
+        return;
+    }
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &previous);
+    __atomic_store_n(&guard_state, 2, __ATOMIC_RELEASE);
+}
+
+int pyvmm_copy_guarded(void *dst, const void *src, uint64_t len)
+{
+    struct guard g;
+    /* A copy interrupted by a signal whose handler copies too (the image
+     * lease's) keeps its guard. */
+    struct guard *volatile outer = current;
+
+    if (len == 0)
+        return 0;
+    install();
+    g.lo[0] = (uintptr_t)src;
+    g.hi[0] = g.lo[0] + len;
+    g.lo[1] = (uintptr_t)dst;
+    g.hi[1] = g.lo[1] + len;
+    if (sigsetjmp(g.env, 0)) {
+        current = outer;
+        return -EFAULT;
+    }
+    current = &g;
+    __asm__ volatile("" ::: "memory");
+    memcpy(dst, src, len);
+    __asm__ volatile("" ::: "memory");
+    current = outer;
+    return 0;
+}
+
+int pyvmm_guestmem_read(const struct pyvmm_guestmem *m, void *dst, uint64_t gpa,
+                        uint64_t len)
+{
+    const void *src = pyvmm_guestmem_at(m, gpa, len, PYVMM_GM_READ);
+
+    if (!src)
+        return -EINVAL;
+    return pyvmm_copy_guarded(dst, src, len);
 }

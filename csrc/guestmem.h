@@ -21,6 +21,16 @@
  *     read it anyway.
  * An empty range is checked against the bounds only.
  *
+ * Pages mapped from an image file (loader/sharing.py, imagelease.h) lie
+ * only in read-only ranges, so a range admitted for PYVMM_GM_WRITE or
+ * PYVMM_GM_SETUP is always anonymous memory, and only a PYVMM_GM_READ
+ * may reach a file page. Such a page can be gone (the file truncated
+ * after its lease broke and it could not be copied): a CPU load from it
+ * raises SIGBUS. So host code copies guest bytes it may only read with
+ * pyvmm_guestmem_read (or hands them to a system call, which answers
+ * EFAULT instead of signalling); the per-frame paths copy only what they
+ * may write (hypercall structs) or the ring areas, none of it file pages.
+ *
  * Read by cffi: plain types, integer-literal #defines only.
  */
 #ifndef PYVMM_GUESTMEM_H
@@ -50,5 +60,18 @@ struct pyvmm_guestmem {
  * when the rule above refuses it. */
 void *pyvmm_guestmem_at(const struct pyvmm_guestmem *m, uint64_t gpa, uint64_t len,
                         int access);
+
+/* Copy ``len`` bytes from ``src`` to ``dst`` where a page of either may
+ * be gone: 0, or -EFAULT when one was (the SIGBUS it raised is taken
+ * here; one outside the two ranges, or outside such a copy, still ends
+ * the process as it would have). A sigsetjmp without the signal mask:
+ * a few nanoseconds beside memcpy. */
+int pyvmm_copy_guarded(void *dst, const void *src, uint64_t len);
+
+/* [gpa, gpa + len) of guest memory into ``dst`` (a PYVMM_GM_READ): 0,
+ * -EINVAL when the accessor refuses the range, -EFAULT when a page of it
+ * is gone. */
+int pyvmm_guestmem_read(const struct pyvmm_guestmem *m, void *dst, uint64_t gpa,
+                        uint64_t len);
 
 #endif

@@ -26,6 +26,11 @@ def fault(exit: VcpuExit, arch: Arch, vcpu: Vcpu, memory: GuestMemory) -> GuestF
         return specific
     where = arch.where(vcpu)
     match exit:
+        case MemoryFault() if (gone := memory.gone_page()) is not None:
+            return GuestFault(
+                f"guest fault: KVM: guest memory at {gone:#x} is gone: the image file it "
+                f"was mapped from was truncated while the guest ran ({where})"
+            )
         case MemoryFault(gpa=gpa):
             at = f" at {gpa:#x}" if gpa is not None else ""
             return GuestFault(

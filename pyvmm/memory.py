@@ -14,10 +14,19 @@ read-only) and the host's own set-up writes (``write()``,
 ``struct(setup=True)``: refused only where the host mapping is read-only,
 since a write there would kill pyvmm). A guest-supplied address never goes
 to a set-up write.
+
+Pages mapped from an image file lie only in read-only ranges, and such a
+page can be gone (the file truncated after its lease could not protect
+it: csrc/imagelease.h). Every copy here that may read one (``read()``, and
+``write()``'s source, which may be the loader's view of the file) goes
+through ``pyvmm_copy_guarded`` and becomes a one-line error, never a
+SIGBUS; ``buffer()`` hands guest bytes to system calls, which answer
+EFAULT instead.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyvmm._native import ffi, lib
@@ -27,6 +36,10 @@ from pyvmm.sizes import MIB, PAGE_SIZE
 __all__ = ["MIB", "PAGE_SIZE", "GuestMemory", "Protection"]
 
 _U64_LIMIT = 1 << 64
+
+
+class PagesGone(HostError):
+    """A set-up copy's source pages are gone (their file was truncated)."""
 
 
 @dataclass(frozen=True)
@@ -66,13 +79,25 @@ class GuestMemory:
         # Sorted, non-overlapping [start, end) ranges mapped read-only.
         self._ro: list[tuple[int, int]] = []
         self._ro_arrays: list[object] = []
+        self._on_close: list[Callable[[], None]] = []
+        self._file_ranges: list[tuple[int, int]] = []  # map_file's (gpa, length)
 
     # -- lifetime ---------------------------------------------------------
     def close(self) -> None:
         if self.host_addr:
             self.view.host = 0  # every access refused from now on
+            # No image lease may copy into these addresses once unmapped.
+            lib.pyvmm_lease_forget(self.host_addr, self.size)
             lib.pyvmm_unmap(self.host_addr, self.size)
             self.host_addr = 0
+            callbacks, self._on_close = self._on_close, []
+            for callback in callbacks:
+                callback()
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once this memory is unmapped (what was mapped
+        into it reports, and lets go of what it held)."""
+        self._on_close.append(callback)
 
     def __enter__(self) -> GuestMemory:
         return self
@@ -150,7 +175,16 @@ class GuestMemory:
         return ffi.buffer(self._checked(gpa, length, access, what), length)
 
     def read(self, gpa: int, length: int, *, what: str = "read") -> bytes:
-        return bytes(self.buffer(gpa, length, what=what))
+        """A copy of [gpa, gpa+length); a page of it that is gone (an image
+        file truncated under the guest) is a GuestFault, not a SIGBUS."""
+        self._checked(gpa, length, lib.PYVMM_GM_READ, what)
+        out = bytearray(length)
+        if lib.pyvmm_guestmem_read(self.view, ffi.from_buffer(out), gpa, length):
+            raise GuestFault(
+                f"guest fault: {what} at {gpa:#x}+{length:#x}: its pages are gone "
+                f"(the image file they were mapped from was truncated)"
+            )
+        return bytes(out)
 
     def read_cstring(self, gpa: int, limit: int, *, what: str = "string") -> bytes:
         """The NUL-terminated bytes at gpa, reading at most ``limit`` bytes."""
@@ -165,7 +199,9 @@ class GuestMemory:
         """The host's own set-up write (page tables, boot info, segments) at
         an address pyvmm chose; never for an address the guest supplied."""
         ptr = self._checked(gpa, len(data), lib.PYVMM_GM_SETUP, what)
-        ffi.buffer(ptr, len(data))[:] = data
+        # ``data`` may be the loader's view of the image file.
+        if lib.pyvmm_copy_guarded(ptr, ffi.from_buffer(data), len(data)):
+            raise PagesGone(f"{what}: the bytes to copy are gone (their file was truncated)")
 
     def zero(self, gpa: int, length: int, *, what: str = "zero-fill") -> None:
         """A set-up write of ``length`` zero bytes at ``gpa`` that leaves whole
@@ -184,23 +220,42 @@ class GuestMemory:
             raise HostError(f"madvise of guest memory failed: {_strerror(-err)}")
         self.write(last, bytes(gpa + length - last), what=what)
 
-    def map_file(self, gpa: int, length: int, fd: int, offset: int) -> int:
+    def map_file(self, gpa: int, length: int, fd: int, offset: int, *, lease: int = -1) -> int:
         """Map ``length`` bytes of ``fd`` at ``offset`` privately (copy-on-write)
-        over the whole pages at ``gpa``: set-up only, as ``write()``.
+        over the whole pages at ``gpa``: set-up only, as ``write()``; with
+        ``lease`` (a slot of csrc/imagelease.h), under that image lease.
 
         Returns 0, or the errno of a mapping the kernel refused, the range
         then being zero-filled anonymous memory again (the caller copies
-        instead). Guest writes, host set-up writes and protections work
+        instead), or PYVMM_LEASE_BROKEN when the lease broke first (nothing
+        mapped). Guest writes, host set-up writes and protections work
         on the result as on anonymous memory; only unwritten pages stay
         shared with the page cache (docs/architecture.md).
         """
         if gpa % PAGE_SIZE or length % PAGE_SIZE or offset % PAGE_SIZE or length == 0:
             raise ValueError("map_file() takes whole pages")
         self._checked(gpa, length, lib.PYVMM_GM_SETUP, "image mapping")
-        err = lib.pyvmm_map_file(self.host_addr + gpa, length, fd, offset)
+        addr = self.host_addr + gpa
+        if lease >= 0:
+            err = lib.pyvmm_lease_map_fixed(lease, addr, length, fd, offset)
+        else:
+            err = lib.pyvmm_map_file(addr, length, fd, offset)
         if err == lib.PYVMM_MAP_LOST:
             raise HostError(f"guest memory at {gpa:#x}+{length:#x} lost while mapping the image")
+        if err == 0:
+            self._file_ranges.append((gpa, length))
         return -err
+
+    def gone_page(self) -> int | None:
+        """The first page mapped from a file (``map_file``) whose contents
+        are gone, its file truncated under the guest, or None: why KVM
+        could not map guest memory, when that is why."""
+        probe = ffi.new("uint8_t[1]")
+        for gpa, length in self._file_ranges:
+            for page in range(gpa, gpa + length, PAGE_SIZE):
+                if lib.pyvmm_guestmem_read(self.view, probe, page, 1):
+                    return page
+        return None
 
     def protect(self, gpa: int, length: int, prot: Protection) -> None:
         """Set host (and so guest) access rights of whole pages."""

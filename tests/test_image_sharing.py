@@ -1,7 +1,9 @@
-"""Guests of one image share its pages: pyvmm maps whole
-file pages copy-on-write instead of copying them, only for a file nobody
-but root and pyvmm's user can write (docs/security.md), and a guest's
-writes never reach the file."""
+"""Guests of one image share its read-only pages: pyvmm maps whole file
+pages copy-on-write instead of copying them, only for a file nobody but
+root and pyvmm's user can write and nobody has open for writing, under a
+read lease that holds back anyone who opens it for writing later until
+the pages are copied (docs/security.md); a guest's writes never reach the
+file, and nobody's write to the file reaches the guest."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -30,33 +32,71 @@ DATA_KIB = 12  # and its initialised data
 IDLE_WITHIN = 30.0  # seconds: generous on a loaded 2-core machine
 
 
+class Guest:
+    """imgshare running under pyvmm -v: its process and its output so far."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc, self.out, self.err = proc, b"", b""
+        self.status: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_for(self, text: bytes, count: int = 1) -> None:
+        """Read its output until ``text`` appeared ``count`` more times."""
+        want = self.out.count(text) + count
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            deadline = time.monotonic() + IDLE_WITHIN
+            while self.out.count(text) < want:
+                left = deadline - time.monotonic()
+                assert left > 0 and sel.select(left), f"no {text!r}: {self.out!r}"
+                chunk = os.read(self.proc.stdout.fileno(), 4096)
+                assert chunk, f"ended: {self.out!r} {self.proc.stderr.read()!r}"
+                self.out += chunk
+
+    def end(self, *, stop: bool = True) -> int:
+        """Its status once it ended (sent SIGTERM first with ``stop``); its
+        output and -v lines are kept."""
+        if self.status is None:
+            if stop and self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+            out, self.err = self.proc.communicate(timeout=60)
+            self.out += out
+            self.status = self.proc.returncode
+        return self.status
+
+
 @contextmanager
-def idle_guest(image: Path, *opts: str, env: dict[str, str] | None = None) -> Iterator[int]:
-    """imgshare running and idle (its memory set up and touched): its pid."""
+def running_guest(
+    image: Path, *opts: str, arg: str = "", ready: bytes = b"idle\n", env: dict | None = None
+) -> Iterator[Guest]:
+    """imgshare running (its memory set up and touched) until ``ready``;
+    stopped by SIGTERM at the end unless it ended already."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pyvmm", "--mem", "16", *opts, str(image)],
+        [sys.executable, "-m", "pyvmm", "-v", "--mem", "16", *opts, str(image), arg],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=ROOT,
         env=env,
     )
+    guest = Guest(proc)
     try:
-        with selectors.DefaultSelector() as sel:
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            deadline = time.monotonic() + IDLE_WITHIN
-            out = b""
-            while b"idle\n" not in out:
-                left = deadline - time.monotonic()
-                assert left > 0 and sel.select(left), f"not idle: {out!r}"
-                chunk = os.read(proc.stdout.fileno(), 4096)
-                assert chunk, f"ended: {out!r} {proc.stderr.read()!r}"
-                out += chunk
-        assert b"data: 0 wrong bytes" in out
-        yield proc.pid
+        guest.wait_for(ready)
+        assert b"data: 0 wrong bytes" in guest.out
+        yield guest
     finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-        assert proc.returncode == 128 + signal.SIGTERM, err
+        guest.end()
+        assert b"CHANGED" not in guest.out, guest.out
+
+
+@contextmanager
+def idle_guest(image: Path, *opts: str, env: dict[str, str] | None = None) -> Iterator[int]:
+    """imgshare running and idle: its pid. It must end by the SIGTERM."""
+    with running_guest(image, *opts, env=env) as guest:
+        yield guest.pid
+    assert guest.status == 128 + signal.SIGTERM, guest.err
 
 
 def image_mappings(pid: int, image: Path) -> list[smaps.Mapping]:
@@ -81,16 +121,14 @@ def test_two_guests_share_the_read_only_pages(tmp_path: Path) -> None:
     image = private_copy(tmp_path)  # mapped by these two guests only
     with idle_guest(image) as first, idle_guest(image) as second:
         for pid in (first, second):
+            # Text and read-only data only: initialised data is copied.
             maps = {m.perms: m for m in image_mappings(pid, image)}
-            assert set(maps) == {"r-xp", "r--p", "rw-p"}, maps
+            assert set(maps) == {"r-xp", "r--p"}, maps
             rodata = maps["r--p"]
             # Every table page is resident and counted half in each guest.
             assert rodata["Rss"] >= TABLE_KIB
             assert rodata["Pss"] * 2 <= rodata["Rss"] + 4
             assert rodata["Private_Clean"] + rodata["Private_Dirty"] == 0
-            # The data the guest rewrote: private copies, nothing shared.
-            data = maps["rw-p"]
-            assert data["Rss"] == data["Private_Dirty"] == DATA_KIB
 
 
 def test_guest_writes_do_not_reach_the_file(tmp_path: Path) -> None:
@@ -140,29 +178,131 @@ def test_a_file_replaced_under_a_running_guest_leaves_it_alone(tmp_path: Path) -
     assert run_pyvmm(image).returncode == 0  # the new file is hello
 
 
-@pytest.mark.parametrize("mode, reaches", [(0o755, True), (0o775, False)], ids=["own", "group"])
-def test_a_rewrite_in_place_reaches_only_a_shared_image(tmp_path: Path, mode, reaches) -> None:
-    """The rule's reason (docs/security.md): a page the guest has not
-    written is the page cache's, so a write into the file shows in the
-    guest. Only a file no one but root and pyvmm's user can write is
-    mapped; a group-writable one is copied, and its writer changes nothing."""
-    image = private_copy(tmp_path, mode)
-    # A page of imgshare's table, in the file and in the guest (its rodata
-    # segment maps file offset 0x3000 to 0x102000: readelf -l).
-    offset = -(-image.read_bytes().find(b"\xa5" * 8192) // 4096) * 4096
-    gpa = 0x102000 + offset - 0x3000
-    new = b"\x3c" * 16
-    with idle_guest(image) as pid:
-        (base, _end), *_ = smaps.guest_memory(smaps.read(pid), 16 << 20)
-        with open(image, "r+b") as f:  # in place, as cp onto it would
-            f.seek(offset)
-            f.write(new)
-        # Read once, after the write: here a /proc/PID/mem read before it
-        # was seen to detach that page from the file (old bytes after).
-        with open(f"/proc/{pid}/mem", "rb") as mem:
-            mem.seek(base + gpa)
-            seen = mem.read(16)
-    assert seen == (new if reaches else b"\xa5" * 16)
+def table_offset(image: Path) -> int:
+    """The file offset of a whole page of imgshare's table."""
+    return -(-image.read_bytes().find(b"\xa5" * 8192) // 4096) * 4096
+
+
+def rewrite_in_place(image: Path) -> None:
+    with open(image, "r+b") as f:  # in place, as cp onto it would
+        f.seek(table_offset(image))
+        f.write(b"\x3c" * 8192)
+
+
+def truncate(image: Path) -> None:
+    os.truncate(image, 4096)
+
+
+def run_as_writer(image: Path, change: Callable[[Path], None]) -> None:
+    """``change`` made by another process (as a user's cp or dd would),
+    which returns once the change is made."""
+    pid = os.fork()
+    if pid == 0:  # the child
+        status = 1
+        try:
+            change(image)
+            status = 0
+        finally:
+            os._exit(status)
+    assert os.waitpid(pid, 0)[1] == 0
+
+
+@pytest.mark.parametrize("change", [rewrite_in_place, truncate], ids=["rewrite", "truncate"])
+def test_a_writer_while_the_guest_runs_waits_until_its_pages_are_copied(
+    tmp_path: Path, change
+) -> None:
+    """Whoever opens the image for writing or truncates it while a guest
+    shares its pages is held back by the lease until pyvmm copied them: the
+    guest, which sums its text and table every 20 ms, sees no change and
+    runs on; no page of the file is left in its memory."""
+    image = private_copy(tmp_path)
+    with running_guest(image, arg="watch", ready=b"watching\n") as guest:
+        assert image_mappings(guest.pid, image)
+        run_as_writer(image, change)
+        guest.wait_for(b"tick ", 3)
+        assert image_mappings(guest.pid, image) == []
+    assert guest.status == 128 + signal.SIGTERM, guest.err
+    assert b"opened for writing while the guest ran" in guest.err
+    assert b"pages were copied first, then the writer went on" in guest.err
+
+
+def test_a_file_open_for_writing_before_the_start_is_copied(tmp_path: Path) -> None:
+    """Someone who kept a descriptor open for writing while the file became
+    root's (the owner and mode rule alone would share it) is seen by the
+    lease, which cannot be taken: the image is copied, and their later
+    writes and truncation change nothing in the guest."""
+    image = private_copy(tmp_path, 0o644)
+    os.chown(image, 65534, 65534)
+    offset = table_offset(image)
+    opened_r, opened_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own file's writer, as nobody
+        status = 1
+        try:
+            os.close(opened_r)
+            os.close(go_w)
+            fd = os.open(image, os.O_RDWR)
+            os.setgid(65534)
+            os.setuid(65534)
+            os.write(opened_w, b"1")
+            os.read(go_r, 1)  # until the guest runs
+            os.pwrite(fd, b"\x3c" * 8192, offset)
+            os.ftruncate(fd, 4096)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(opened_w)
+    os.close(go_r)
+    try:
+        assert os.read(opened_r, 1) == b"1", "the writer did not open the file"
+        os.chown(image, 0, 0)
+        os.chmod(image, 0o755)
+        with running_guest(image, arg="watch", ready=b"watching\n") as guest:
+            assert image_mappings(guest.pid, image) == []
+            os.write(go_w, b"1")
+            pid, status = 0, os.waitpid(pid, 0)[1]
+            assert status == 0, "the writer failed"
+            guest.wait_for(b"tick ", 3)
+        assert guest.status == 128 + signal.SIGTERM, guest.err
+        assert b"copied, not shared: open for writing by another process" in guest.err
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(opened_r)
+        os.close(go_w)
+
+
+@contextmanager
+def lease_break_time(seconds: int) -> Iterator[None]:
+    """/proc/sys/fs/lease-break-time for a while: how long the kernel holds
+    a writer back before it ends a lease by itself."""
+    path = Path("/proc/sys/fs/lease-break-time")
+    before = path.read_text()
+    path.write_text(f"{seconds}\n")
+    try:
+        yield
+    finally:
+        path.write_text(before)
+
+
+def test_a_truncation_no_lease_held_back_is_one_guest_fault_line(tmp_path: Path) -> None:
+    """pyvmm stopped (SIGSTOP) past the lease-break time cannot copy its
+    pages: the kernel ends the lease and the truncation takes them. What
+    follows is a guest fault, one line and status 1, never a SIGBUS."""
+    image = private_copy(tmp_path)
+    with running_guest(image, arg="watch", ready=b"watching\n") as guest:
+        os.kill(guest.pid, signal.SIGSTOP)
+        try:
+            with lease_break_time(1):
+                run_as_writer(image, truncate)  # let through after a second
+        finally:
+            os.kill(guest.pid, signal.SIGCONT)
+        assert guest.end(stop=False) == 1, guest.err
+    last = guest.err.decode().strip().splitlines()[-1]
+    assert "is gone: the image file it was mapped from was truncated" in last, guest.err
+    assert b"some of its shared pages were already gone" in guest.err
 
 
 @pytest.mark.parametrize("cpl", ["0", "3"])

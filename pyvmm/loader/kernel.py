@@ -8,18 +8,18 @@ memory size. The split lets the VMM report a bad file before it opens
 
 from __future__ import annotations
 
-import mmap
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyvmm._native import lib
 from pyvmm.errors import LoaderError
 from pyvmm.loader.elf import ElfImage, Segment, parse_elf
+from pyvmm.loader.lease import ImageLease
 from pyvmm.loader.manifest import Manifest
 from pyvmm.loader.notes import AbiInfo, Capabilities, read_abi, read_capabilities
 from pyvmm.loader.sharing import FileIdentity, map_image, refusal
-from pyvmm.memory import GuestMemory, Protection
+from pyvmm.memory import GuestMemory, PagesGone, Protection
 from pyvmm.sizes import GUEST_MEMORY_LIMIT, MEM_GRANULE, MIB, PAGE_SIZE
 
 # Nothing loads below this: the page tables, boot info and command line live there.
@@ -40,6 +40,8 @@ class Kernel:
     capabilities: Capabilities = Capabilities()
     # The file as it was read: place() maps its pages only if it still is.
     file: FileIdentity | None = None
+    # The read lease the file was read under (sharing.py), if any.
+    lease: ImageLease | None = field(default=None, compare=False, repr=False)
 
     @property
     def entry(self) -> int:
@@ -85,13 +87,19 @@ class Kernel:
             )
 
 
-def load_kernel(path: str, host_machine: str, *, legacy_abi: bool = False) -> Kernel:
+def load_kernel(
+    path: str, host_machine: str, *, legacy_abi: bool = False, mapped: bool = True
+) -> Kernel:
     """Read and validate the unikernel at ``path`` for a ``host_machine`` host.
 
     ``host_machine`` is ``platform.machine()`` spelling: "x86_64" or "aarch64".
     ``legacy_abi`` also accepts hvt ABI version 1 (see notes.read_abi).
+    ``mapped=False`` reads the file into memory even where it could be
+    mapped: for a process that keeps kernels for the guests of the
+    processes it forks (the launcher), so that it holds no lease and no
+    file page itself; each guest's process takes its own lease (place()).
     """
-    data, identity = _read_image(path)
+    data, identity, lease = _read_image(path, mapped=mapped)
     image = parse_elf(data, path)
     if image.machine != host_machine:
         raise LoaderError(f"{path}: built for {image.machine}, this host runs {host_machine}")
@@ -106,21 +114,27 @@ def load_kernel(path: str, host_machine: str, *, legacy_abi: bool = False) -> Ke
         kernel_end=kernel_end,
         capabilities=read_capabilities(image),
         file=identity,
+        lease=lease,
     )
 
 
-def _read_file(path: str) -> bytes | mmap.mmap:
-    return _read_image(path)[0]
+def _read_file(path: str) -> bytes | memoryview:
+    return _read_image(path, mapped=False)[0]
 
 
-def _read_image(path: str) -> tuple[bytes | mmap.mmap, FileIdentity | None]:
-    """The file's bytes, and its identity if it did not change while read.
+def _read_image(
+    path: str, *, mapped: bool = True
+) -> tuple[bytes | memoryview, FileIdentity | None, ImageLease | None]:
+    """The file's bytes, its identity if it did not change while read, and
+    the lease they were mapped under.
 
-    A file that may be shared (sharing.refusal) is mapped, not read: its
-    bytes are then the page cache's, so the parsed image costs no private
-    copy per guest beside the shared pages. Any other file is read into
-    memory, so a writer pyvmm does not trust cannot change the bytes
-    between the checks and their use.
+    A file that may be shared (sharing.refusal) and on which a read lease
+    can be taken is mapped, not read: its bytes are then the page cache's,
+    so the parsed image costs no private copy per guest beside the shared
+    pages, and the lease keeps them still (a writer who comes meanwhile
+    waits until they are copied). Any other file is read into memory, so
+    a writer pyvmm does not trust cannot change the bytes between the
+    checks and their use.
     """
     try:
         # A FIFO would block the open itself, a device node could act on
@@ -138,16 +152,20 @@ def _read_image(path: str) -> tuple[bytes | mmap.mmap, FileIdentity | None]:
                     f"{path}: file is {st.st_size // MIB} MiB, too large for guest memory"
                 )
             before = FileIdentity.of(st)
-            if st.st_size and refusal(st, f.fileno(), euid=os.geteuid(), noexec=False) is None:
-                data: bytes | mmap.mmap = mmap.mmap(
-                    f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ
-                )
-                return data, before
+            if (
+                mapped
+                and st.st_size
+                and refusal(st, f.fileno(), euid=os.geteuid(), noexec=False) is None
+            ):
+                lease = ImageLease.take(path, f.fileno())
+                view = None if isinstance(lease, str) else lease.view(f.fileno(), st.st_size)
+                if view is not None:
+                    return view, before, lease  # type: ignore[return-value]
             data = f.read()
             # Unchanged size and times after the read: what was read is
             # what a later mapping of this file gives (sharing.map_image).
             identity = FileIdentity.of(os.fstat(f.fileno()))
-            return data, identity if identity == before else None
+            return data, identity if identity == before else None, None
     except OSError as e:
         raise LoaderError(f"{path}: Could not open: {e.strerror or e}") from None
 
@@ -217,7 +235,8 @@ def place(kernel: Kernel, memory: GuestMemory) -> None:
     read-only.
     """
     kernel.check_fits(memory.size)
-    mapped = {run.gpa: run for run in map_image(kernel.path, kernel.file, kernel.segments, memory)}
+    runs = map_image(kernel.path, kernel.file, kernel.segments, memory, kernel.lease)
+    mapped = {run.gpa: run for run in runs}
     for seg in kernel.segments:
         file_end = seg.paddr + seg.filesz
         # A segment's run starts at its first whole page (sharing.file_runs).
@@ -231,7 +250,12 @@ def place(kernel: Kernel, memory: GuestMemory) -> None:
         )
         for lo, hi in pieces:
             if hi > lo:
-                memory.write(lo, seg.data[lo - seg.paddr : hi - seg.paddr], what="kernel load")
+                try:
+                    memory.write(lo, seg.data[lo - seg.paddr : hi - seg.paddr], what="kernel load")
+                except PagesGone:
+                    raise LoaderError(f"{kernel.path}: truncated while pyvmm loaded it") from None
         if seg.end > file_end:
             memory.zero(file_end, seg.end - file_end, what="kernel load")
     memory.protect_all((run.start, run.length, run.protection) for run in page_protections(kernel))
+    # File pages only where the host never writes (csrc/guestmem.h).
+    assert all(memory.is_read_only(r.gpa, r.gpa + r.length) for r in runs)

@@ -159,7 +159,7 @@ class KernelCache:
         if kernel is not None and identity is not None and kernel.file == identity:
             self._kernels.move_to_end(key)
             return kernel
-        kernel = load_kernel(path, host_machine, legacy_abi=legacy_abi)
+        kernel = load_kernel(path, host_machine, legacy_abi=legacy_abi, mapped=False)
         _loaded.add(kernel)
         if identity is not None and kernel.file == identity:
             self._kernels[key] = kernel
