@@ -5,6 +5,8 @@ fault), so both languages answer every case the same way."""
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -119,3 +121,18 @@ def test_is_read_only_reports_protected_pages_only(memory):
     assert not memory.is_read_only(0x10000, 0x10001)  # low area: writable to the host
     assert not memory.is_read_only(RO[1], RO[1] + 1)
     assert memory.read_only_ranges() == [RO]
+
+
+@pytest.mark.parametrize("gpa,length,access,expected", [c for c in CASES if c[2] == READ])
+def test_the_guarded_read_checks_as_the_accessor(memory, gpa, length, access, expected):
+    """pyvmm_guestmem_read (what GuestMemory.read copies with, surviving a
+    page its file lost: tests/unit/test_image_lease.py) refuses what the
+    accessor refuses, and copies the bytes otherwise."""
+    out = bytearray(length if expected == OK else 1)  # a refusal touches nothing
+    err = lib.pyvmm_guestmem_read(memory.view, ffi.from_buffer(out), gpa, length)
+    if expected != OK:
+        assert err == -errno.EINVAL
+        return
+    assert err == 0
+    host = ffi.cast("uint8_t *", memory.host_addr + gpa)
+    assert bytes(out) == bytes(ffi.buffer(host, length))

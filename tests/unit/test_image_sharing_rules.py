@@ -13,6 +13,7 @@ from elfbuild import good_elf
 
 from pyvmm.loader import Kernel, Segment, load_kernel, place
 from pyvmm.loader.elf import PF_R, PF_W, PF_X
+from pyvmm.loader.lease import HELD
 from pyvmm.loader.sharing import ENV_SWITCH, FileIdentity, FileRun, file_runs, refusal
 from pyvmm.memory import GuestMemory
 
@@ -59,6 +60,11 @@ def test_bss_is_never_mapped() -> None:
     assert file_runs([seg(BASE, 0x1000, 0x1000, memsz=0x5000)]) == (FileRun(BASE, 0x1000, 0x1000),)
 
 
+def test_a_writable_segment_is_never_mapped() -> None:
+    # A truncation of the file would take even the pages the guest wrote.
+    assert file_runs([seg(BASE, 0x1000, 0x3000, flags=PF_R | PF_W)]) == ()
+
+
 # -- refusal: which files ------------------------------------------------------
 
 
@@ -102,6 +108,12 @@ def test_a_file_of_another_user_is_copied(image: Path) -> None:
     if os.geteuid() == 0:
         os.chown(image, 65534, -1)
         assert verdict(image).startswith("owned by uid 65534")
+
+
+def test_a_file_system_the_lease_cannot_watch_is_copied() -> None:
+    # procfs: a regular file root owns and only root can write, on a file
+    # system that is not a local disk's (as a network or FUSE one is not).
+    assert "on a file system (type 0x9fa0)" in verdict(Path("/proc/self/status"))
 
 
 def test_a_noexec_mount_and_the_switch_copy(image: Path, monkeypatch) -> None:
@@ -186,14 +198,36 @@ def test_place_gives_the_same_memory_mapped_or_copied(tmp_path: Path, monkeypatc
         assert not memory.is_read_only(BASE + 0x5000, BASE + 0x9000)
 
 
-def test_writes_to_a_mapped_data_page_do_not_reach_the_file(tmp_path: Path) -> None:
+def test_the_data_segment_is_copied_and_its_writes_stay_in_memory(tmp_path: Path) -> None:
     kernel, expected = page_aligned_kernel(tmp_path)
     before = Path(kernel.path).read_bytes()
     with GuestMemory(4 * MIB) as memory:
         place(kernel, memory)
+        host = memory.host_addr
+        assert all(
+            not lo - host <= BASE + 0x5000 < hi - host for lo, hi, _ in mapped_ranges(kernel.path)
+        )
         memory.buffer(BASE + 0x5000, PAGE, write=True)[:] = b"\x11" * PAGE
         assert memory.read(BASE + 0x5000, PAGE) == b"\x11" * PAGE
     assert Path(kernel.path).read_bytes() == before
+
+
+def test_a_kernel_is_read_under_a_lease_unless_asked_not_to(tmp_path: Path) -> None:
+    path = _write(tmp_path / "app.hvt", good_elf().build())
+    leased = load_kernel(str(path), "x86_64")
+    assert leased.lease is not None and leased.lease.state == HELD
+    assert isinstance(leased.segments[0].data, memoryview)
+    assert os.path.realpath(path) in "".join(r for r in open("/proc/self/maps"))
+    read = load_kernel(str(path), "x86_64", mapped=False)
+    assert read.lease is None and read.file == leased.file
+
+
+def test_a_kernel_opened_for_writing_is_read_into_memory(tmp_path: Path) -> None:
+    path = _write(tmp_path / "app.hvt", good_elf().build())
+    with open(path, "r+b"):
+        kernel = load_kernel(str(path), "x86_64")
+    assert kernel.lease is None
+    assert isinstance(kernel.segments[0].data.obj, bytes)  # read, not mapped
 
 
 def test_a_file_changed_since_it_was_read_is_copied(tmp_path: Path) -> None:
