@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, guest, run_pyvmm
+from pyvmm.serve.client import call
 from testkit import smaps
 
 pytestmark = pytest.mark.kvm
@@ -312,3 +313,45 @@ def test_faults_stay_faults_on_mapped_pages(cpl: str) -> None:
     assert result.returncode == 1
     assert "shared from the page cache" in result.stderr
     assert "read-only" in result.stderr.splitlines()[-1]
+
+
+def test_a_writer_under_a_launchers_guest_waits_for_its_copy(tmp_path: Path) -> None:
+    """Through pyvmm serve: the launcher reads the image into its memory
+    and holds no lease; the VM's own process takes one, and a writer
+    waits for that process's copy as for a command's."""
+    image = private_copy(tmp_path)
+    sock, out, err = tmp_path / "api.sock", tmp_path / "console", tmp_path / "stderr"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "pyvmm", "serve", "--api-sock", str(sock)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
+    try:
+        deadline = time.monotonic() + IDLE_WITHIN
+        while not sock.exists():
+            assert launcher.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        argv = ["-v", "--mem=16", str(image), "watch"]
+        status, vm = call(
+            str(sock), "POST", "/vms", {"argv": argv, "stdout": str(out), "stderr": str(err)}
+        )
+        assert status == 201, vm
+        deadline = time.monotonic() + IDLE_WITHIN
+        while b"watching" not in out.read_bytes():
+            assert time.monotonic() < deadline, out.read_bytes()
+            time.sleep(0.05)
+        assert image_mappings(vm["pid"], image)
+        assert not [m for m in smaps.read(launcher.pid) if m.path == os.path.realpath(image)]
+        run_as_writer(image, rewrite_in_place)
+        ticks = out.read_bytes().count(b"tick ")
+        while out.read_bytes().count(b"tick ") < ticks + 3:
+            assert time.monotonic() < deadline and b"CHANGED" not in out.read_bytes()
+            time.sleep(0.05)
+        assert image_mappings(vm["pid"], image) == []
+        status, end = call(str(sock), "DELETE", f"/vms/{vm['id']}", {"signal": "SIGTERM"})
+        assert status == 200 and end["exit_status"] == 128 + signal.SIGTERM, err.read_text()
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=60)
+    assert "pages were copied first, then the writer went on" in err.read_text()
