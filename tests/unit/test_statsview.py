@@ -101,7 +101,9 @@ def test_fixed_columns_units_in_the_header_one_number_format():
     assert len(rows[0]) == len(rows[1]) == len(headings)
     # Each heading ends where its column's numbers end.
     edges = layouts[0]
-    names = [headings[len("pyvmm:") :][a:b].strip() for a, b in zip([0, *edges], edges)]
+    names = [
+        headings[len("pyvmm:") :][a:b].strip() for a, b in zip([0, *edges], edges, strict=False)
+    ]
     assert names[0] == "s"
     assert all(n.endswith(("/s", "%")) for n in names[1:]), names
     assert {"rx fr/s", "rx kB/s", "tap/s", "KVM/s", "epoll/s", "wake guest/s"} <= set(names)
@@ -119,7 +121,9 @@ def test_fixed_columns_units_in_the_header_one_number_format():
 def test_rates_are_per_second_in_the_headings_units():
     _, headings, busy = live_lines([2])
     edges = [edge for edge, _ in cells(busy)]
-    names = [headings[len("pyvmm:") :][a:b].strip() for a, b in zip([0, *edges], edges)]
+    names = [
+        headings[len("pyvmm:") :][a:b].strip() for a, b in zip([0, *edges], edges, strict=False)
+    ]
     values = dict(zip(names, (text for _, text in cells(busy)), strict=True))
     assert values["rx fr/s"] == "418000"  # the ring's frames to the guest
     assert values["rx kB/s"] == "546000"
