@@ -39,6 +39,8 @@ trace.early("imports: command line")
 CPL_VALUES = ("auto", "0", "3", "deprivileged")
 SHM_VALUES = ("off", "poll", "event", "hybrid")
 LOG_LEVELS = ("error", "warning", "info", "debug")
+#: --snapshot-at's triggers (pyvmm/snapshot/writer.py).
+SNAPSHOT_TRIGGERS = ("first-wait",)
 _HELP_COLUMN = 32
 #: --help fits a terminal of 80 columns.
 HELP_WIDTH = 80
@@ -357,6 +359,37 @@ OPTIONS: tuple[CliOption | object, ...] = (
         "vcpu=N,io=M",
         "pin the vCPU thread and/or the IO thread\nto CPUs",
         _pin,
+    ),
+    CliOption(
+        ("--snapshot-at",),
+        "first-wait",
+        "write a snapshot of the guest to --snapshot-dir\n"
+        "when it first waits (its first poll after\n"
+        "boot), then run on (docs/snapshots.md)",
+        _set("snapshot_at", _choice(SNAPSHOT_TRIGGERS)),
+        complete="|".join(SNAPSHOT_TRIGGERS),
+    ),
+    CliOption(
+        ("--snapshot-dir",),
+        "DIR",
+        "--snapshot-at: the new directory (owner-only,\nnever an existing one)",
+        _set("snapshot_dir", lambda n, v: v),
+        complete="file",
+    ),
+    CliOption(
+        ("--snapshot-stop",),
+        "",
+        "--snapshot-at: end the run (status 0) once the\nsnapshot is written",
+        _set("snapshot_stop"),
+    ),
+    CliOption(
+        ("--restore",),
+        "DIR",
+        "resume the snapshot in DIR instead of a boot:\n"
+        "no KERNEL operand; block devices attached\n"
+        "anew (--block:NAME=PATH)",
+        _set("restore", lambda n, v: v),
+        complete="file",
     ),
     CliOption(
         ("--stats",),
@@ -723,10 +756,14 @@ def parse_command(argv: list[str]) -> Command:
         else:
             raise _invalid(arg)
         i += 1
+    if cmd.config.restore is not None:
+        _check_restore(cmd, argv[i:])
+        return cmd
     if i >= len(argv):
         raise UsageError("Missing KERNEL operand (see pyvmm --help)")
     cmd.config.kernel = argv[i]
     cmd.config.guest_args = argv[i + 1 :]
+    _check_snapshot(cmd.config)
     if maybe_value is not None and maybe_value[0] == i:
         cmd.kernel_hint = maybe_value[1]
     if cmd.json and cmd.action != "query-manifest":
@@ -736,6 +773,32 @@ def parse_command(argv: list[str]) -> Command:
     if cmd.config.hybrid_budget_us is not None and cmd.config.shm != "hybrid":
         raise UsageError("--hybrid-budget applies only to --shm=hybrid")
     return cmd
+
+
+def _check_snapshot(config: VmConfig) -> None:
+    """--snapshot-dir and --snapshot-stop go with --snapshot-at, and it with a directory."""
+    if config.snapshot_at is None:
+        if config.snapshot_dir is not None or config.snapshot_stop:
+            given = "--snapshot-dir" if config.snapshot_dir is not None else "--snapshot-stop"
+            raise UsageError(f"{given} applies only with --snapshot-at")
+    elif not config.snapshot_dir:
+        raise UsageError("--snapshot-at: missing --snapshot-dir=DIR (where to write it)")
+
+
+def _check_restore(cmd: Command, rest: list[str]) -> None:
+    """--restore takes no KERNEL (the snapshot names it) and no run's set-up
+    that the snapshot fixes."""
+    if rest:
+        raise UsageError(
+            f"--restore: the unikernel and its arguments come from the snapshot "
+            f"(given: {' '.join(rest)})"
+        )
+    if cmd.action == "query-manifest" or cmd.config.snapshot_at is not None:
+        raise UsageError("--restore: not with --query-manifest or --snapshot-at")
+    _check_snapshot(cmd.config)
+    for arg in cmd.given.values():
+        if arg.partition("=")[0] in ("--mem", "--cpl", "--legacy-abi", "--no-net-ring"):
+            raise UsageError(f"{arg}: a restored guest keeps the snapshot's (leave it out)")
 
 
 def _only_query_options(cmd: Command, core: dict[str, CliOption]) -> None:

@@ -62,6 +62,13 @@ class VmConfig:
     user: str | None = None
     pin_vcpu: int | None = None
     pin_io: int | None = None
+    # Snapshots (pyvmm/snapshot/): --snapshot-at=first-wait writes one to
+    # --snapshot-dir=DIR when the guest first waits, then the run goes on
+    # (or ends, --snapshot-stop); --restore=DIR resumes one instead of a boot.
+    snapshot_at: str | None = None
+    snapshot_dir: str | None = None
+    snapshot_stop: bool = False
+    restore: str | None = None
     # Counters (statsview.py): a human summary on stderr at exit; with an
     # interval (seconds) also a line of rates per interval; JSON lines to a
     # file ("-": stderr, stdout being the console) at exit and per interval.

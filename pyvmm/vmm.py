@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     # Imported when a plan has net devices (a guest without any never does).
     from pyvmm.devices.net.shmstream import ShmStream
     from pyvmm.devices.net.solo5_ring import Solo5RingService
+    from pyvmm.snapshot.restore import Restore
+    from pyvmm.snapshot.writer import SnapshotTarget
 
 
 # The signals a core file names (<signal.h>, alike on x86_64 and aarch64).
@@ -92,10 +94,16 @@ class Vmm:
         # may send one to the vCPU thread only then).
         self.running = threading.Event()
         self.running_lock = threading.Lock()
+        self.snapshot: SnapshotTarget | None = None  # --snapshot-at
+        self.restoring: Restore | None = None  # --restore
         try:
+            if config.restore is not None:  # the snapshot's settings, before the plan
+                self.restoring = self._open_snapshot(config)
             self.plan = plan or make_plan(
                 config, machine=os.uname().machine, flavour=kvm_flavour(), load=_traced_load
             )
+            if self.restoring is not None:
+                self.restoring.check_plan(self.plan)
             trace.mark("plan", {"privilege": self.plan.mode, "cpl": self.plan.cpl})
             self._bring_up(self.plan)
         except BaseException:
@@ -117,6 +125,8 @@ class Vmm:
         for kind, request in plan.devices:
             self.devices.append((kind, kind.attach(stack, request)))
         attachments = {device.name: device.attachment() for _, device in self.devices}
+        if self.restoring is not None:
+            self.restoring.check_devices(self.devices)
         trace.mark("devices and taps", {"devices": list(attachments)} if attachments else None)
 
         if traced:
@@ -132,9 +142,14 @@ class Vmm:
         self.memory = memory = stack.enter_context(GuestMemory(plan.mem_size))
         vm.set_memory(0, 0, plan.mem_size, memory.host_addr)
         trace.mark("map guest memory", {"bytes": plan.mem_size})
-        regions = [(r.start, r.start + r.length, r.protection) for r in page_protections(kernel)]
-        plan.arch.prepare_memory(memory, regions, plan.mode)
-        place(kernel, memory)
+        if self.restoring is not None:  # the snapshot's memory in place of a boot's
+            self.restoring.load_memory(memory, kernel)
+        else:
+            regions = [
+                (r.start, r.start + r.length, r.protection) for r in page_protections(kernel)
+            ]
+            plan.arch.prepare_memory(memory, regions, plan.mode)
+            place(kernel, memory)
         trace.mark("page tables, ELF segments placed")
         if traced:
             stack.callback(trace.mark, "tear-down: vCPU, eventfds, IO service")
@@ -150,16 +165,21 @@ class Vmm:
             cmdline=plan.cmdline,
         )
         boot, shm = self._start_net_service(plan, boot)
-        boot_info = boot.write(memory)
-        plan.arch.setup_vcpu(
-            system,
-            vcpu,
-            entry=kernel.image.entry,
-            stack=plan.stack_top,
-            boot_info=boot_info,
-            mode=plan.mode,
-        )
+        if self.restoring is not None:  # the snapshot's vCPU state
+            self.restoring.load_vcpu(system, vcpu, boot.cpu_cycle_freq // 1000)
+        else:
+            boot_info = boot.write(memory)
+            plan.arch.setup_vcpu(
+                system,
+                vcpu,
+                entry=kernel.image.entry,
+                stack=plan.stack_top,
+                boot_info=boot_info,
+                mode=plan.mode,
+            )
         self.exit_handler = plan.arch.exit_handler(plan.mode, vcpu, memory)
+        if self.restoring is not None:
+            self.restoring.load_shadow(self.exit_handler)
         # Opened now (the sandbox refuses an open later), read at a fault only.
         self.symbols = SymbolFile.open(kernel.path)
         if self.symbols is not None:
@@ -180,7 +200,23 @@ class Vmm:
         self.fast_path = (
             None if os.environ.get("PYVMM_PY_HYPERCALLS") else self.hypercalls.fast_path()
         )
+        if self.config.snapshot_at is not None:  # its files now, before the sandbox
+            from pyvmm.snapshot.writer import SnapshotTarget
+
+            self.snapshot = SnapshotTarget.prepare(self.config, plan)
+            stack.callback(self.snapshot.close)
+            self.snapshot.arm(self)
         trace.mark("vCPU set-up, boot info, hypercall table")
+
+    def _open_snapshot(self, config: VmConfig) -> Restore:
+        """--restore: the snapshot read and checked, its settings in ``config``."""
+        from pyvmm.snapshot.restore import Restore
+
+        restoring = Restore(config.restore)
+        self.stack.callback(restoring.close)
+        restoring.configure(config)
+        trace.mark("snapshot opened and checked")
+        return restoring
 
     def _listen_for_gdb(self, plan: Plan) -> None:
         from pyvmm.debug.gdbstub import DEFAULT_PORT, Endpoint, GdbStub
@@ -349,6 +385,8 @@ class Vmm:
         run = vcpu.run
         if trace.enabled:  # the first exit marked: a wrapper for its first call only
             run = _first_exit(vcpu, hypercall, table)
+        if self.snapshot is not None:  # without the C fast path until it is taken
+            run = self.snapshot.wrap_run(run)
         trace.mark("to the first KVM_RUN (first guest instruction)")
         gdb = self.gdb
         try:

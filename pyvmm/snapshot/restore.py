@@ -1,0 +1,217 @@
+"""Restoring a snapshot in a new process (``pyvmm --restore=DIR``).
+
+``Restore.open`` reads and checks the snapshot before any host resource is
+touched: the metadata's format, version and checksum, every field's type
+and range, the vCPU state's checksum and part sizes, the memory file's
+size. ``configure`` turns it into the run's settings (the unikernel, its
+memory, arguments and privilege mode come from the snapshot; the devices
+from the command line), ``check_plan`` compares the plan made from them
+with the snapshot's, the unikernel's identity included. Then, in place of
+a boot, ``load_memory`` maps the memory file MAP_PRIVATE over guest memory
+(pages load on demand and a guest write copies one) and ``load_vcpu``
+sets the vCPU's state, its TSC moved on by the wall-clock time since the
+snapshot: the guest's monotonic clock continues from the snapshot's
+without going back, and a wall clock kept as boot time plus monotonic
+time (Solo5's) is right again.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING
+
+from pyvmm import trace
+from pyvmm.loader import DeviceType, page_protections
+from pyvmm.sizes import MIB
+from pyvmm.snapshot import vcpu as cpu_state
+from pyvmm.snapshot.format import (
+    FORMAT,
+    Field,
+    SnapshotError,
+    memory_size_ok,
+    open_directory,
+    open_memory,
+    read_metadata,
+    read_state,
+)
+from pyvmm.snapshot.writer import kernel_identity
+
+if TYPE_CHECKING:
+    from pyvmm.config import VmConfig
+    from pyvmm.kvm import System, Vcpu
+    from pyvmm.loader import Kernel
+    from pyvmm.memory import GuestMemory
+    from pyvmm.plan import Plan
+
+#: plan.mode -> the --cpl that asks for it.
+_CPL_OF_MODE = {"kernel": "0", "user": "3", "deprivileged": "deprivileged"}
+
+
+def refuse(path: str, why: str) -> SnapshotError:
+    return SnapshotError(f"--restore: {path}: {why}")
+
+
+class Restore:
+    """A snapshot, checked, and what it puts in place of a boot."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.memory_fd = -1
+        dir_fd = open_directory(path)
+        try:
+            self._read(dir_fd)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            os.close(dir_fd)
+
+    def _read(self, dir_fd: int) -> None:
+        path = self.path
+        meta = Field(read_metadata(dir_fd, path), "snapshot")
+        if meta.text("format") != FORMAT:
+            raise refuse(path, "not a pyvmm snapshot")
+        machine = os.uname().machine
+        if meta.text("arch") != machine:
+            raise refuse(path, f"taken on an {meta.text('arch')} host, this one is {machine}")
+        kernel = meta.object("kernel")
+        self.kernel_path = kernel.text("path")
+        self.kernel_sha256 = kernel.text("sha256")
+        plan = meta.object("plan")
+        self.mem_size = plan.integer("mem_size")
+        if not memory_size_ok(self.mem_size):
+            raise refuse(path, f"memory size {self.mem_size} is not a 2 MiB multiple up to 4 GiB")
+        self.usable = plan.integer("usable", 1, self.mem_size)
+        self.mode = plan.text("mode")
+        if self.mode not in _CPL_OF_MODE:
+            raise refuse(path, f"unknown privilege mode '{self.mode}'")
+        self.guest_args = plan.strings("guest_args")
+        self.cmdline = plan.text("cmdline")
+        self.legacy_abi = plan.flag("legacy_abi")
+        self.no_net_ring = plan.flag("no_net_ring")
+        if plan.text("shm_mode") != "off" or plan.flag("solo5_ring"):
+            raise refuse(path, "it has net rings, which this pyvmm does not restore")
+        self.devices = []
+        for dev in meta.objects("devices"):
+            kind = dev.text("type")
+            if kind != "block":
+                raise refuse(path, f"device '{dev.text('name')}' is a {kind} device (not restored)")
+            geometry = (dev.integer("capacity"), dev.integer("block_size", 1, 1 << 20))
+            self.devices.append((dev.text("name"), dev.integer("handle", 0, 63), geometry))
+        shadow = meta.value.get("shadow")
+        self.shadow = None if shadow is None else Field(shadow, "snapshot.shadow").value
+        clock = meta.object("clock")
+        self.tsc = clock.integer("tsc")
+        self.tsc_khz = clock.integer("tsc_khz", 1, 1 << 32)
+        self.wall_ns = clock.integer("wall_ns")
+        sizes = cpu_state.part_sizes() | {"msrs": 0}
+        self.state = read_state(dir_fd, path, meta.object("cpu_state"), sizes)
+        for needed in ("regs", "sregs", "msrs"):
+            if needed not in self.state:
+                raise refuse(path, f"cpu.state has no '{needed}'")
+        if "xsave" not in self.state and "fpu" not in self.state:
+            raise refuse(path, "cpu.state has neither 'xsave' nor 'fpu'")
+        memory = meta.object("memory")
+        if memory.integer("size") != self.mem_size:
+            raise refuse(path, "the memory file's size and the plan's differ")
+        self.memory_fd = open_memory(dir_fd, path, self.mem_size)
+
+    def close(self) -> None:
+        if self.memory_fd >= 0:
+            os.close(self.memory_fd)
+            self.memory_fd = -1
+
+    # -- before the plan ------------------------------------------------------
+    def configure(self, config: VmConfig) -> None:
+        """The snapshot's settings for this run (its devices stay the command line's)."""
+        if config.guest_args:
+            raise SnapshotError("--restore: the guest's arguments come from the snapshot")
+        config.kernel = self.kernel_path
+        config.mem_mib = self.mem_size // MIB
+        config.guest_args = list(self.guest_args)
+        config.cpl = _CPL_OF_MODE[self.mode]
+        config.legacy_abi = self.legacy_abi
+        config.no_net_ring = self.no_net_ring
+
+    def check_plan(self, plan: Plan) -> None:
+        """The plan made now must be the snapshot's: same unikernel, memory,
+        layout, mode, arguments and devices."""
+        path = self.path
+        identity = kernel_identity(plan.kernel)
+        if identity["sha256"] != self.kernel_sha256:
+            raise refuse(
+                path,
+                f"{plan.kernel.path} is not the unikernel the snapshot was taken of (changed?)",
+            )
+        if (plan.mem_size, plan.usable) != (self.mem_size, self.usable):
+            raise refuse(path, "its memory layout differs from this run's plan")
+        if plan.mode != self.mode:
+            raise refuse(path, f"taken in {self.mode} mode, this host runs it in {plan.mode} mode")
+        if plan.cmdline.hex() != self.cmdline:
+            raise refuse(path, "its guest command line does not match its arguments")
+        if plan.shm_mode != "off" or plan.solo5_ring_gpa is not None:
+            raise refuse(path, "this run gives the guest net rings the snapshot has not")
+        planned = sorted((r.name, r.handle) for _, r in plan.devices)
+        saved = sorted((name, handle) for name, handle, _ in self.devices)
+        if planned != saved:
+            want = ", ".join(f"--block:{name}=PATH" for name, _ in saved) or "none"
+            raise refuse(path, f"the devices differ from the snapshot's (it needs: {want})")
+
+    def check_devices(self, devices) -> None:
+        """Each block device attached has the snapshot's geometry (the
+        guest has read it)."""
+        geometry = {name: g for name, _, g in self.devices}
+        for kind, device in devices:
+            if kind.type != DeviceType.BLOCK:
+                continue
+            capacity, block_size = geometry[device.name]
+            if (device.capacity, device.block_size) != (capacity, block_size):
+                raise refuse(
+                    self.path,
+                    f"block device '{device.name}' is {device.capacity} bytes in blocks of "
+                    f"{device.block_size}, the snapshot's was {capacity} in blocks of {block_size}",
+                )
+
+    # -- in place of a boot ---------------------------------------------------
+    def load_memory(self, memory: GuestMemory, kernel: Kernel) -> None:
+        err = memory.map_file(0, self.mem_size, self.memory_fd, 0)
+        if err:
+            raise refuse(self.path, f"cannot map its memory: {os.strerror(err)}")
+        memory.protect_all((r.start, r.length, r.protection) for r in page_protections(kernel))
+        self.close()  # the mapping holds the file
+        trace.mark("snapshot memory mapped (MAP_PRIVATE)")
+
+    def load_vcpu(self, system: System, vcpu: Vcpu, tsc_khz: int) -> None:
+        from pyvmm.arch.x86_64 import cpu
+
+        if tsc_khz != self.tsc_khz:
+            raise refuse(
+                self.path,
+                f"taken where the TSC runs at {self.tsc_khz} kHz, here at {tsc_khz} kHz",
+            )
+        cpu.set_cpuid(vcpu, cpu.supported_cpuid(system))
+        state = dict(self.state)
+        gap_ns = max(0, time.time_ns() - self.wall_ns)
+        tsc = self.tsc + gap_ns * self.tsc_khz // 1_000_000
+        entries = [
+            (index, tsc if index == cpu_state.MSR_TSC else value)
+            for index, value in cpu_state.msr_entries(state["msrs"])
+        ]
+        state["msrs"] = cpu_state.pack_msrs(entries)
+        cpu_state.apply(vcpu, state)
+        trace.mark("vCPU state set from the snapshot")
+
+    def load_shadow(self, handler: object) -> None:
+        """The deprivileged trap emulator's shadow state, as it was."""
+        shadow = getattr(handler, "shadow", None)
+        if shadow is None or self.shadow is None:
+            if (shadow is None) != (self.shadow is None):
+                raise refuse(self.path, "its trap emulator state does not match the mode")
+            return
+        for name, kind in type(shadow).__annotations__.items():
+            value = self.shadow.get(name)
+            ok = value is None if "None" in str(kind) and value is None else isinstance(value, int)
+            if not ok:
+                raise refuse(self.path, f"its trap emulator field '{name}' is missing or bad")
+            setattr(shadow, name, value)

@@ -1,0 +1,151 @@
+"""The x86_64 vCPU state a snapshot holds, read and set through KVM.
+
+Each part is the kernel's own struct, kept as its raw bytes: general and
+special registers, the FPU/SSE/AVX state (XSAVE, or the legacy FPU area
+where KVM has no XSAVE), the extended control registers, the debug
+registers, pending events and the MSRs a unikernel uses. The ioctl numbers
+are the _IOC encodings of <linux/kvm.h> (their sizes checked by the
+kernel: a wrong size is ENOTTY, never a wrong copy).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING
+
+from pyvmm._native import ffi, lib
+from pyvmm.kvm.ioctl import KvmError
+
+if TYPE_CHECKING:
+    from pyvmm.kvm import Vcpu
+
+_KVMIO = 0xAE
+_READ, _WRITE = 2, 1
+
+
+def _ioc(direction: int, nr: int, size: int) -> int:
+    return (direction << 30) | (size << 16) | (_KVMIO << 8) | nr
+
+
+#: part -> (size, get nr, set nr); the order is the order they are set in
+#: (special registers before the MSRs, XSAVE after CPUID and XCR0).
+PARTS: dict[str, tuple[int, int, int]] = {
+    "sregs": (312, 0x83, 0x84),
+    "regs": (144, 0x81, 0x82),
+    "xcrs": (392, 0xA6, 0xA7),
+    "xsave": (4096, 0xA4, 0xA5),
+    "fpu": (416, 0x8C, 0x8D),
+    "debugregs": (128, 0xA1, 0xA2),
+    "events": (64, 0x9F, 0xA0),
+}
+_KVM_GET_MSRS = _ioc(3, 0x88, 8)
+_KVM_SET_MSRS = _ioc(_WRITE, 0x89, 8)
+_MSR_ENTRY = struct.Struct("<IIQ")
+_MSRS_HEAD = struct.Struct("<II")
+
+MSR_TSC = 0x10
+#: The MSRs that matter to a unikernel (SYSCALL, TLS and GS bases, the
+#: TSC, PAT, SYSENTER); KVM's set may lack some: those are left out.
+MSRS = (
+    0xC0000080,  # EFER
+    0xC0000081,  # STAR
+    0xC0000082,  # LSTAR
+    0xC0000083,  # CSTAR
+    0xC0000084,  # SFMASK
+    0xC0000100,  # FS_BASE
+    0xC0000101,  # GS_BASE
+    0xC0000102,  # KERNEL_GS_BASE
+    0xC0000103,  # TSC_AUX
+    0x174,  # SYSENTER_CS
+    0x175,  # SYSENTER_ESP
+    0x176,  # SYSENTER_EIP
+    0x277,  # PAT
+    0x1A0,  # MISC_ENABLE
+    MSR_TSC,  # last: set after everything it could depend on
+)
+
+
+def _call(vcpu: Vcpu, request: int, buf, call: str) -> int:
+    ret = lib.pyvmm_ioctl_ptr(vcpu.fd, request, ffi.cast("void *", buf))
+    if ret < 0:
+        raise KvmError(call, -ret)
+    return ret
+
+
+def capture(vcpu: Vcpu) -> dict[str, bytes]:
+    """Every part KVM gives for this vCPU, as raw bytes, plus ``msrs``."""
+    state: dict[str, bytes] = {}
+    for name, (size, get_nr, _) in PARTS.items():
+        buf = ffi.new("char[]", size)
+        try:
+            _call(vcpu, _ioc(_READ, get_nr, size), buf, f"KVM_GET_{name.upper()}")
+        except KvmError:
+            if name in ("regs", "sregs", "fpu"):
+                raise
+            continue  # a part this KVM lacks (XSAVE, XCRS, ...): FPU covers it
+        state[name] = bytes(ffi.buffer(buf, size))
+    if "xsave" in state:
+        del state["fpu"]  # XSAVE holds the same x87/SSE state and more
+    state["msrs"] = _get_msrs(vcpu, MSRS)
+    return state
+
+
+def _msr_buffer(entries: list[tuple[int, int]]):
+    raw = _MSRS_HEAD.pack(len(entries), 0) + b"".join(
+        _MSR_ENTRY.pack(index, 0, value) for index, value in entries
+    )
+    return ffi.new("char[]", raw), len(raw)
+
+
+def _get_msrs(vcpu: Vcpu, wanted: tuple[int, ...]) -> bytes:
+    """The MSRs of ``wanted`` that KVM knows, as ``struct kvm_msr_entry``s
+    (KVM_GET_MSRS stops at the first one it refuses: that one is dropped)."""
+    indices = list(wanted)
+    while indices:
+        buf, size = _msr_buffer([(i, 0) for i in indices])
+        got = _call(vcpu, _KVM_GET_MSRS, buf, "KVM_GET_MSRS")
+        if got == len(indices):
+            return bytes(ffi.buffer(buf, size))[_MSRS_HEAD.size :]
+        del indices[got]
+    return b""
+
+
+def msr_entries(raw: bytes) -> list[tuple[int, int]]:
+    """``(index, value)`` of each entry of a saved MSR list."""
+    return [(i, v) for i, _, v in _MSR_ENTRY.iter_unpack(raw)]
+
+
+def pack_msrs(entries: list[tuple[int, int]]) -> bytes:
+    return b"".join(_MSR_ENTRY.pack(index, 0, value) for index, value in entries)
+
+
+def apply(vcpu: Vcpu, state: dict[str, bytes]) -> None:
+    """Set every saved part on a fresh vCPU (CPUID already set)."""
+    for name, (size, _, set_nr) in PARTS.items():
+        raw = state.get(name)
+        if raw is None:
+            continue
+        buf = ffi.new("char[]", raw)
+        _call(vcpu, _ioc(_WRITE, set_nr, size), buf, f"KVM_SET_{name.upper()}")
+    entries = msr_entries(state["msrs"])
+    buf, _ = _msr_buffer(entries)
+    done = _call(vcpu, _KVM_SET_MSRS, buf, "KVM_SET_MSRS")
+    if done != len(entries):
+        raise KvmError(f"KVM_SET_MSRS (MSR {entries[done][0]:#x})", 22)
+
+
+def part_sizes() -> dict[str, int]:
+    """The size each part must have (the checks of a snapshot's state)."""
+    return {name: size for name, (size, _, _) in PARTS.items()}
+
+
+def rip(state: dict[str, bytes]) -> int:
+    """The saved rip (``struct kvm_regs``: the 17th u64)."""
+    return struct.unpack_from("<Q", state["regs"], 16 * 8)[0]
+
+
+def with_rip(regs: bytes, value: int) -> bytes:
+    """``struct kvm_regs`` bytes with rip set to ``value``."""
+    out = bytearray(regs)
+    struct.pack_into("<Q", out, 16 * 8, value)
+    return bytes(out)

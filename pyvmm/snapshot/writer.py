@@ -1,0 +1,248 @@
+"""Taking a snapshot: the directory made before the sandbox, filled at the trigger.
+
+The sandbox refuses every open once the guest runs (docs/security.md), so
+``SnapshotTarget.prepare`` makes the new directory and its three files at
+set-up (the memory file already sized, all holes) and the snapshot itself
+only writes into them with pwrite, which the filter allows. The metadata is
+written last: a directory without it is an incomplete snapshot that a
+restore refuses.
+
+The trigger here is the guest's first wait (``--snapshot-at=first-wait``):
+the first poll hypercall, when the guest has done its initialisation and
+blocks. The snapshot is of the guest just before that hypercall: the out
+instruction is completed in KVM (KVM_RUN with immediate_exit, as KVM's
+documentation asks before state is read) and rip is set back onto it, so
+a restored guest issues the same poll again, with the same timeout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from pyvmm import trace
+from pyvmm._native import ffi, lib
+from pyvmm.errors import UsageError
+from pyvmm.hvt.hypercalls import Halt
+from pyvmm.kvm import Interrupted
+from pyvmm.loader import DeviceType
+from pyvmm.log import log
+from pyvmm.snapshot import vcpu as cpu_state
+from pyvmm.snapshot.format import (
+    CPU_STATE,
+    FORMAT,
+    MEMORY,
+    METADATA,
+    VERSION,
+    SnapshotError,
+    checksum,
+    create_file,
+    make_directory,
+    pack_state,
+    seal,
+    write_all,
+    write_memory,
+)
+
+if TYPE_CHECKING:
+    from pyvmm.config import VmConfig
+    from pyvmm.loader import Kernel
+    from pyvmm.plan import Plan
+    from pyvmm.vmm import Vmm
+
+TRIGGERS = ("first-wait",)
+#: The hypercall instruction: ``outl %eax, (%dx)`` (hvt's ports are above
+#: 0xff, so never the imm8 form).
+OUT_EAX_DX = 0xEF
+
+
+def kernel_identity(kernel: Kernel) -> dict[str, Any]:
+    """What says a restore has the same unikernel: the file's size and a
+    SHA-256 of what was loaded from it (entry, every segment, every note),
+    so a copy of the file elsewhere is the same kernel and an edited one
+    is not."""
+    digest = hashlib.sha256()
+    digest.update(kernel.entry.to_bytes(8, "little"))
+    for seg in kernel.segments:
+        digest.update(b"%d:%d:%d:" % (seg.paddr, seg.end, len(seg.data)))
+        digest.update(seg.data)
+    for note in kernel.image.notes:
+        digest.update(repr(note).encode())
+    size = kernel.file.size if kernel.file is not None else None
+    return {"path": os.path.abspath(kernel.path), "size": size, "sha256": digest.hexdigest()}
+
+
+def check_snapshottable(config: VmConfig, plan: Plan) -> None:
+    """The runs a snapshot can be taken of today, refused at set-up otherwise."""
+    machine = os.uname().machine
+    if machine != "x86_64":
+        raise UsageError(f"--snapshot-at: x86_64 hosts only (this one: {machine})")
+    if any(kind.type == DeviceType.NET for kind, _ in plan.devices):
+        raise UsageError(
+            "--snapshot-at: a guest with net devices cannot be snapshotted yet "
+            "(the state of its rings and taps is not saved)"
+        )
+
+
+class SnapshotTarget:
+    """The snapshot directory of one run, prepared before the sandbox."""
+
+    def __init__(self, path: str, stop: bool) -> None:
+        self.path = path
+        self.stop = stop
+        self.taken = False
+        self.dir_fd = make_directory(path)
+        self.fds: dict[str, int] = {}
+        try:
+            for name in (METADATA, CPU_STATE, MEMORY):
+                self.fds[name] = create_file(self.dir_fd, name)
+        except OSError as err:
+            self.close()
+            raise SnapshotError(
+                f"--snapshot-dir: cannot create files in {path}: {err.strerror}"
+            ) from None
+
+    @classmethod
+    def prepare(cls, config: VmConfig, plan: Plan) -> SnapshotTarget:
+        check_snapshottable(config, plan)
+        target = cls(config.snapshot_dir, config.snapshot_stop)
+        try:
+            os.ftruncate(target.fds[MEMORY], plan.mem_size)  # all holes until written
+        except OSError as err:
+            target.close()
+            raise SnapshotError(f"--snapshot-dir: cannot size {MEMORY}: {err.strerror}") from None
+        return target
+
+    def close(self) -> None:
+        """Close the files; a directory never filled is removed (best
+        effort: under the sandbox, unlink is refused and it stays, an
+        incomplete snapshot any restore refuses)."""
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds = {}
+        if self.dir_fd < 0:
+            return
+        if not self.taken:
+            try:
+                for name in (METADATA, CPU_STATE, MEMORY):
+                    os.unlink(name, dir_fd=self.dir_fd)
+                os.rmdir(self.path)
+            except OSError as err:
+                log.warning("no snapshot taken; %s left incomplete (%s)", self.path, err.strerror)
+        os.close(self.dir_fd)
+        self.dir_fd = -1
+
+    # -- the trigger -----------------------------------------------------------
+    def arm(self, vmm: Vmm) -> None:
+        """Take the snapshot at the guest's first poll hypercall."""
+        table = vmm.hypercalls.table
+        poll = table[lib.HVT_HYPERCALL_POLL]
+
+        def first_wait(gpa: int) -> None:
+            table[lib.HVT_HYPERCALL_POLL] = poll
+            self.take(vmm)
+            if self.stop:
+                raise Halt(0)
+            poll(gpa)
+
+        table[lib.HVT_HYPERCALL_POLL] = first_wait
+
+    def wrap_run(self, run):
+        """vcpu.run without the C fast path until the snapshot is taken
+        (it would answer the poll that triggers it)."""
+
+        def until_taken(fast_path):
+            return run(fast_path if self.taken else None)
+
+        return until_taken
+
+    # -- the snapshot ----------------------------------------------------------
+    def take(self, vmm: Vmm) -> None:
+        started = time.monotonic()
+        trace.mark("snapshot: the guest at its first wait")
+        vcpu = vmm.vcpu
+        vcpu.set_immediate_exit(True)  # completes the out, runs nothing
+        try:
+            done = vcpu.run(None)
+        finally:
+            vcpu.set_immediate_exit(False)
+        if type(done) is not Interrupted:
+            raise SnapshotError(f"snapshot: the vCPU did not stop at once ({done!r})")
+        state = cpu_state.capture(vcpu)
+        rip = cpu_state.rip(state) - 1
+        if vmm.memory.read(rip, 1, what="snapshot") != bytes([OUT_EAX_DX]):
+            raise SnapshotError(f"snapshot: the guest is not at a hypercall (rip {rip:#x})")
+        state["regs"] = cpu_state.with_rip(state["regs"], rip)
+        wall_ns = time.time_ns()
+        host = ffi.buffer(ffi.cast("char *", vmm.memory.host_addr), vmm.memory.size)
+        pages = write_memory(self.fds[MEMORY], host)
+        trace.mark("snapshot: memory written", {"pages": pages})
+        packed = pack_state(state)
+        write_all(self.fds[CPU_STATE], packed)
+        document = metadata(vmm, state, packed, wall_ns, pages)
+        for name in (MEMORY, CPU_STATE):
+            os.fsync(self.fds[name])
+        write_all(self.fds[METADATA], seal(document))
+        os.fsync(self.fds[METADATA])
+        self.taken = True
+        log.info(
+            "snapshot: %s written (%d pages of memory, %.1f ms)",
+            self.path,
+            pages,
+            (time.monotonic() - started) * 1e3,
+        )
+        trace.mark("snapshot: written", {"dir": self.path})
+
+
+def metadata(
+    vmm: Vmm, state: dict[str, bytes], packed: bytes, wall_ns: int, pages: int
+) -> dict[str, Any]:
+    """snapshot.json's document (format.seal adds its checksum)."""
+    plan, config = vmm.plan, vmm.config
+    tsc = dict(cpu_state.msr_entries(state["msrs"])).get(cpu_state.MSR_TSC)
+    if tsc is None:
+        raise SnapshotError("snapshot: KVM did not give the vCPU's TSC")
+    devices = []
+    for kind, device in vmm.devices:
+        entry: dict[str, Any] = {"name": device.name, "handle": device.handle}
+        entry["type"] = kind.type.name.lower()
+        if kind.type == DeviceType.BLOCK:
+            entry["capacity"] = device.capacity
+            entry["block_size"] = device.block_size
+        devices.append(entry)
+    shadow = None
+    handler = vmm.exit_handler
+    if handler is not None and hasattr(handler, "shadow"):
+        shadow = {
+            name: getattr(handler.shadow, name) for name in type(handler.shadow).__annotations__
+        }
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "arch": os.uname().machine,
+        "kernel": kernel_identity(plan.kernel),
+        "plan": {
+            "mem_size": plan.mem_size,
+            "usable": plan.usable,
+            "mode": plan.mode,
+            "cpl": plan.cpl,
+            "abi_version": plan.kernel.abi.version,
+            "guest_args": list(config.guest_args),
+            "cmdline": plan.cmdline.hex(),
+            "shm_mode": plan.shm_mode,
+            "solo5_ring": plan.solo5_ring_gpa is not None,
+            "legacy_abi": config.legacy_abi,
+            "no_net_ring": config.no_net_ring,
+        },
+        "devices": devices,
+        "shadow": shadow,
+        "clock": {
+            "tsc": tsc,
+            "tsc_khz": plan.arch.cycle_freq(vmm.vcpu) // 1000,
+            "wall_ns": wall_ns,
+        },
+        "cpu_state": {"file": CPU_STATE, "sha256": checksum(packed), "size": len(packed)},
+        "memory": {"file": MEMORY, "size": plan.mem_size, "pages": pages},
+    }
