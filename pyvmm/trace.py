@@ -128,15 +128,23 @@ def set_start(ns: int) -> None:
     start_ns = ns
 
 
+_stat_start_ns = 0  # process_start_ns(), once read
+
+
 def process_start_ns() -> int:
-    """The process start time from /proc/self/stat (10 ms steps), in ns."""
-    with open("/proc/self/stat", "rb") as f:
-        stat = f.read()
-    # The command name (field 2) may hold spaces and parentheses: the
-    # fields after it start after the last ')'.
-    fields = stat[stat.rindex(b")") + 2 :].split()
-    ticks = int(fields[19])  # field 22, starttime
-    return ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    """The process start time from /proc/self/stat (10 ms steps), in ns:
+    read once and kept, so that a call before the sandbox goes on (which
+    refuses opening files) answers every later one."""
+    global _stat_start_ns
+    if not _stat_start_ns:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        # The command name (field 2) may hold spaces and parentheses: the
+        # fields after it start after the last ')'.
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        ticks = int(fields[19])  # field 22, starttime
+        _stat_start_ns = ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    return _stat_start_ns
 
 
 def enable(file: str = "") -> None:
