@@ -12,6 +12,7 @@ Cases that could kill the process run in a child, whose end is checked.
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
 import subprocess
@@ -68,6 +69,12 @@ def writer(path: Path, how: str) -> int:
 def test_no_lease_while_someone_has_the_file_open_for_writing(image: Path) -> None:
     with opened(image, os.O_RDWR), opened(image) as fd:
         assert ImageLease.take(str(image), fd) == "open for writing by another process"
+    # A writable shared mapping whose descriptor was closed writes as well.
+    with opened(image, os.O_RDWR) as fd:
+        shared = mmap.mmap(fd, PAGE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    with opened(image) as fd:
+        assert ImageLease.take(str(image), fd) == "open for writing by another process"
+    shared.close()
     with opened(image) as fd:
         lease = ImageLease.take(str(image), fd)
         assert isinstance(lease, ImageLease) and lease.state == HELD
