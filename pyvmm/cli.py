@@ -2,6 +2,7 @@
 
     pyvmm [OPTIONS] [--] KERNEL [ARGS...]
     pyvmm --query-manifest [--json] KERNEL
+    pyvmm [OPTIONS] --restore=DIR
 
 Tender options all come before the unikernel path; the first argument that
 is not an option (or the one after ``--``) is the unikernel and every
@@ -395,10 +396,10 @@ OPTIONS: tuple[CliOption | object, ...] = (
         ("--stats",),
         "INTERVAL",
         "counters on stderr: a summary at exit and, with\n"
-        "an interval (1s, 500ms), a line of rates per\n"
-        "interval (VM exits by reason, hypercalls,\n"
-        "frames, drops, kicks, wake-ups, CPU); SIGUSR1\n"
-        "prints the counters so far",
+        "an interval (1s, 500ms), a table of rates per\n"
+        "interval (frames, drops, VM exits, IO thread,\n"
+        "CPU), its header repeated; SIGUSR1 prints the\n"
+        "counters so far",
         _stats,
         optional_value=True,
         value_like=_an_interval,
@@ -408,7 +409,8 @@ OPTIONS: tuple[CliOption | object, ...] = (
         "FILE",
         "the counters as JSON (docs/stats.md) at exit,\n"
         "and per interval with --stats=INTERVAL; FILE\n"
-        "- is stdout",
+        "- is standard error (stdout is the guest's\n"
+        "console)",
         _stats_json,
         complete="file",
     ),
@@ -588,6 +590,7 @@ def usage() -> str:
     lines = [
         "usage: pyvmm [OPTIONS] [--] KERNEL [ARGS...]",
         "       pyvmm --query-manifest [--json] KERNEL",
+        "       pyvmm [OPTIONS] --restore=DIR",
         "       pyvmm serve --api-sock PATH",
         "       pyvmm run --api-sock PATH [OPTIONS] [--] KERNEL [ARGS...]",
         "",
