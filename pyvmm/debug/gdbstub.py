@@ -203,7 +203,7 @@ class GdbStub:
         self.conn: Connection | None = None
         self.listener: socket.socket | None = None
         self.breakpoints: dict[int, bytes | None] = {}  # address -> int3's saved byte
-        self.watchpoints: dict[tuple[int, int, int], None] = {}  # (type, addr, len)
+        self.hardware: dict[tuple[int, int, int], None] = {}  # (Z type, address, length)
         self.stepping = False
         self.last_stop = b"T05thread:01;"
         self._debug_state: tuple | None = None
@@ -432,7 +432,9 @@ class GdbStub:
 
         self._halted()
         view = FaultView(guest_registers(self.vcpu, self.memory))
-        print(f"pyvmm: gdb: {err}", file=sys.stderr, flush=True)
+        print(
+            f"pyvmm: gdb: the guest stopped in gdb at its fault: {err}", file=sys.stderr, flush=True
+        )
         try:
             self._stop(view, b"T0bthread:01;", final=True)
         except Killed:
@@ -504,7 +506,7 @@ class GdbStub:
     def _detach(self, view=None) -> None:
         for address in list(self.breakpoints):
             self._remove_breakpoint(address)
-        self.watchpoints.clear()
+        self.hardware.clear()
         self.stepping = False
         if view is not None and self.deprivileged:
             try:
@@ -575,6 +577,7 @@ class GdbStub:
         if cmd in (b"Z", b"z"):
             return self._breakpoint(cmd == b"Z", rest)
         if cmd == b"D":
+            self.conn.send(b"OK")
             raise _Detach()
         if cmd == b"k":
             self._killed()
@@ -679,19 +682,18 @@ class GdbStub:
                 return self._insert_breakpoint(address)
             self._remove_breakpoint(address)
             return b"OK"
-        if self.deprivileged or kind not in (0, 1, 2, 3, 4):
-            return b""  # deprivileged: no hardware breakpoints (docs/debugging.md)
-        if kind in (0, 1):
-            length = 1
-        elif length not in (1, 2, 4, 8) or address % length:
-            return _E_BAD.encode()
-        key = (kind, address, length)
+        if self.deprivileged or kind not in (0, 1):
+            # Deprivileged: no hardware breakpoints; watchpoints (Z2-Z4):
+            # kvm_pvm's level-0 emulator fires no data breakpoint (measured,
+            # docs/debugging.md), so gdb falls back to its software ones.
+            return b""
+        key = (kind, address, 1)
         if insert:
-            if key not in self.watchpoints and len(self.watchpoints) >= HW_SLOTS:
+            if key not in self.hardware and len(self.hardware) >= HW_SLOTS:
                 return _E_NOSPC.encode()
-            self.watchpoints[key] = None
+            self.hardware[key] = None
         else:
-            self.watchpoints.pop(key, None)
+            self.hardware.pop(key, None)
         return b"OK"
 
     def _insert_breakpoint(self, address: int) -> bytes:
@@ -708,7 +710,7 @@ class GdbStub:
             self.write_memory(address, saved)
 
     def _slots(self) -> list[tuple[int, int, int]]:
-        return list(self.watchpoints)[:HW_SLOTS]
+        return list(self.hardware)[:HW_SLOTS]
 
     def _apply_debug(self) -> None:
         """Level 0: the single step and DR0-DR3 as KVM_SET_GUEST_DEBUG."""

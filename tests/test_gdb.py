@@ -1,0 +1,328 @@
+"""--gdb: Debian's gdb, in batch mode, debugging guests over pyvmm's stub.
+
+Every session runs with the sandbox on (the default), at level 0 and
+deprivileged (user mode at level 3 is refused: KVM gives a debugger
+nothing there, docs/debugging.md): breakpoints, continue, backtrace,
+registers, a global read and written (the guest acts on the write), step
+and finish, Ctrl-C of a spinning guest, a faulting guest stopping in gdb,
+detach, kill, and a hostile client speaking raw packets. The tests check
+what gdb printed and what the guest did, not only exit codes.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import guest, popen_pyvmm, run_pyvmm
+from scripts import solo5_build
+
+pytestmark = pytest.mark.kvm
+
+MODES = ("--cpl=0", "--cpl=deprivileged")
+# Hang guards only: a session takes a second or two.
+TIMEOUT = 120
+WAITING = re.compile(r"pyvmm: gdb: waiting for a debugger on (\S+);")
+
+
+def gdb() -> str:
+    path = shutil.which("gdb")
+    if path is None:
+        pytest.fail("gdb is not installed (scripts/setup installs it)")
+    return path
+
+
+class Session:
+    """pyvmm waiting for gdb on a Unix socket in ``tmp``."""
+
+    def __init__(self, tmp: Path, kernel: Path, *options: str, args: tuple[str, ...] = ()) -> None:
+        self.kernel = kernel
+        self.socket = tmp / "gdb.sock"
+        self.pyvmm = popen_pyvmm(*options, f"--gdb-socket={self.socket}", kernel, *args)
+        # The first stderr line names the socket once it listens.
+        line = self.pyvmm.stderr.readline()
+        assert WAITING.match(line), line + self.finish()[1]
+        assert WAITING.match(line).group(1) == str(self.socket)
+
+    def gdb(self, *commands: str, interrupt_after: str | None = None) -> str:
+        """gdb -batch with ``commands`` after connecting; its stdout+stderr.
+        ``interrupt_after``: send gdb SIGINT (Ctrl-C) once the guest printed it."""
+        argv = [gdb(), "-nx", "-batch", "-ex", "set pagination off"]
+        argv += ["-ex", f"target remote {self.socket}"]
+        for command in commands:
+            argv += ["-ex", command]
+        argv.append(str(self.kernel))
+        client = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if interrupt_after is not None:
+            line = self.pyvmm.stdout.readline()
+            assert interrupt_after in line, line
+            client.send_signal(signal.SIGINT)
+        try:
+            out, _ = client.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            client.kill()
+            out, _ = client.communicate()
+            pytest.fail(f"gdb did not finish: {out}")
+        return out
+
+    def finish(self) -> tuple[str, str, int]:
+        try:
+            out, err = self.pyvmm.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.pyvmm.kill()
+            out, err = self.pyvmm.communicate()
+        return out, err, self.pyvmm.returncode
+
+
+@pytest.fixture
+def session(tmp_path):
+    sessions: list[Session] = []
+
+    def start(kernel: Path, *options: str, args: tuple[str, ...] = ()) -> Session:
+        sessions.append(Session(tmp_path, kernel, *options, args=args))
+        return sessions[-1]
+
+    yield start
+    for s in sessions:  # never leave a pyvmm behind, also on failure
+        if s.pyvmm.poll() is None:
+            s.pyvmm.kill()
+            s.pyvmm.communicate()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_break_step_finish_and_a_written_global_the_guest_acts_on(session, mode):
+    s = session(guest("gdbtarget"), mode)
+    out = s.gdb(
+        "break solo5_app_main",
+        "continue",
+        "bt",
+        "info registers rip",
+        "print gdb_answer",
+        "set var gdb_answer = 42",
+        "step",
+        "finish",
+        "continue",
+    )
+    stdout, stderr, status = s.finish()
+    assert "Breakpoint 1, solo5_app_main (" in out, out
+    assert re.search(r"^#1 .* in rt_init \(", out, re.M), out
+    assert re.search(r"^rip\s+0x[0-9a-f]+\s+0x[0-9a-f]+ <solo5_app_main(\+\d+)?>", out, re.M), out
+    assert "$1 = 41" in out, out
+    assert re.search(r"^twice \(value=42\) at gdbtarget\.c", out, re.M), out  # step
+    assert "Value returned is $2 = 84" in out, out  # finish
+    assert "[Inferior 1 (Remote target) exited normally]" in out, out
+    assert "gdbtarget: answer 42, doubled 84" in stdout, stdout + stderr
+    assert status == 0, stderr
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_solo5_test_hello_session(session, mode):
+    """Solo5's own test program, its stock hvt build (debug info included)."""
+    try:
+        build = solo5_build.ensure(log=lambda message: None)
+    except solo5_build.BuildError as err:
+        pytest.fail(f"Solo5 from the release archive: {err}")
+    kernel = build.hvt_tests / "test_hello.hvt"
+    s = session(kernel, mode, "--mem=64", args=("Hello_Solo5",))
+    out = s.gdb("break solo5_app_main", "continue", "bt", "info registers", "continue")
+    stdout, stderr, status = s.finish()
+    assert re.search(r"Breakpoint 1, solo5_app_main \(si=.*\) at .*test_hello\.c:\d+", out), out
+    assert re.search(r"^#0 +solo5_app_main \(", out, re.M), out
+    assert re.search(r"^#1 +0x[0-9a-f]+ in _start2? \(", out, re.M), out
+    for register in ("rax", "rsp", "rip", "eflags", "cs", "fs_base"):
+        assert re.search(rf"^{register}\s+0x[0-9a-f]+", out, re.M), (register, out)
+    assert re.search(r"^rip\s+0x[0-9a-f]+\s+0x[0-9a-f]+ <solo5_app_main", out, re.M), out
+    assert "[Inferior 1 (Remote target) exited normally]" in out, out
+    assert "Hello, World" in stdout and "SUCCESS" in stdout, stdout + stderr
+    assert status == 0, stderr
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_ctrl_c_stops_a_spinning_guest(session, mode):
+    s = session(guest("spin"), mode)
+    out = s.gdb("continue", "bt", "info registers rip", "kill", interrupt_after="spinning")
+    _, stderr, status = s.finish()
+    assert "Program received signal SIGINT, Interrupt." in out, out
+    # Stopped in the guest's code: the loop, or the puts just before it.
+    assert re.search(r"^#[01] .*solo5_app_main \(", out, re.M), out
+    assert re.search(r"^rip\s+0x[0-9a-f]+\s+0x[0-9a-f]+ <(solo5_app_main|rt_puts)\+\d+>", out, re.M)
+    assert "pyvmm: gdb: the debugger killed the guest" in stderr, stderr
+    assert status == 137, stderr
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_faulting_guest_stops_in_gdb_at_the_fault(session, mode):
+    s = session(guest("fault_zeropage"), mode)
+    out = s.gdb("continue", "bt", "info registers rip", "continue")
+    _, stderr, status = s.finish()
+    assert "Program received signal SIGSEGV, Segmentation fault." in out, out
+    assert re.search(r"^#0 +solo5_app_main \(.*\) at fault_zeropage\.c:19", out, re.M), out
+    assert re.search(r"^rip\s+0x10003e\s+0x10003e <solo5_app_main\+14>", out, re.M), out
+    assert "Program terminated with signal SIGSEGV" in out, out
+    assert "pyvmm: guest fault: access to unmapped page zero" in stderr.splitlines()[-1], stderr
+    assert status == 1, stderr
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_detach_lets_the_guest_run_on_without_breakpoints(session, mode):
+    s = session(guest("gdbtarget"), mode)
+    out = s.gdb("break twice", "continue", "break rt_puts", "detach")
+    stdout, stderr, status = s.finish()
+    assert "Breakpoint 1, twice (value=41)" in out, out
+    assert "[Inferior 1 (Remote target) detached]" in out, out
+    assert "pyvmm: gdb: detached; the guest runs on" in stderr, stderr
+    assert "gdbtarget: answer 41, doubled 82" in stdout, stdout + stderr
+    assert status == 1, stderr  # the guest's own status: 41 was not 42
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_software_watchpoint_by_single_steps(session, mode):
+    """Watchpoints are gdb's own (stepping and comparing): kvm_pvm fires no
+    data breakpoint at level 0, so the stub offers none (Z2 is refused)."""
+    s = session(guest("gdbtarget"), mode)
+    out = s.gdb(
+        "set can-use-hw-watchpoints 0",
+        "break solo5_app_main",
+        "continue",
+        "watch gdb_last",
+        "continue",
+        "bt 1",
+        "kill",
+    )
+    s.finish()
+    assert re.search(r"^Watchpoint 2: gdb_last$", out, re.M), out
+    assert re.search(r"^Old value = 0\nNew value = 82$", out, re.M), out
+    assert re.search(r"^#0 +twice \(", out, re.M), out
+
+
+def test_user_mode_at_level_3_is_refused(tmp_path):
+    result = run_pyvmm("--cpl=3", f"--gdb-socket={tmp_path / 's'}", guest("hello"))
+    assert result.returncode == 2 or result.returncode == 1, result.stderr
+    assert result.stderr.startswith("pyvmm: --gdb: a guest in user mode"), result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_existing_socket_path_is_not_replaced(tmp_path):
+    path = tmp_path / "taken"
+    path.write_text("mine")
+    result = run_pyvmm("--cpl=0", f"--gdb-socket={path}", guest("hello"))
+    assert result.returncode == 1, result.stderr
+    assert "exists" in result.stderr and len(result.stderr.splitlines()) == 1, result.stderr
+    assert path.read_text() == "mine"
+
+
+# -- a hostile client ----------------------------------------------------------------
+class RawClient:
+    """Raw remote-protocol packets over TCP, acknowledgements included."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+        self.buffer = b""
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def packet(self, body: bytes) -> bytes:
+        return b"$" + body + b"#%02x" % (sum(body) & 0xFF)
+
+    def ask(self, body: bytes) -> bytes:
+        self.send(self.packet(body))
+        return self.reply()
+
+    def ack(self) -> bytes:
+        while not self.buffer:
+            self._fill()
+        ack, self.buffer = self.buffer[:1], self.buffer[1:]
+        return ack
+
+    def reply(self) -> bytes:
+        assert self.ack() == b"+"
+        while True:
+            match = re.match(rb"\$([^#]*)#([0-9a-f]{2})", self.buffer, re.S)
+            if match:
+                self.buffer = self.buffer[match.end() :]
+                body = match.group(1)
+                assert int(match.group(2), 16) == sum(body) & 0xFF
+                self.send(b"+")
+                return body
+            self._fill()
+
+    def _fill(self) -> None:
+        data = self.sock.recv(65536)
+        assert data, "pyvmm closed the connection"
+        self.buffer += data
+
+
+def test_hostile_client_gets_errors_and_pyvmm_survives(tmp_path):
+    pyvmm = popen_pyvmm("--cpl=0", "--gdb-port=0", guest("gdbtarget"))
+    try:
+        line = pyvmm.stderr.readline()
+        match = WAITING.match(line)
+        assert match and match.group(1).startswith("127.0.0.1:"), line
+        client = RawClient(int(match.group(1).rsplit(":", 1)[1]))
+        # A bad checksum: '-', nothing done.
+        client.send(b"$g#00")
+        assert client.ack() == b"-"
+        # Unknown packets: empty replies.
+        assert client.ask(b"qNoSuchThing") == b""
+        assert client.ask(b"vNoSuchThing;1") == b""
+        assert client.ask(b"!") == b""
+        # Malformed arguments: E replies.
+        assert client.ask(b"mzz,10").startswith(b"E")
+        assert client.ask(b"m100000").startswith(b"E")
+        assert client.ask(b"pffff").startswith(b"E")
+        assert client.ask(b"Z0,zz,1").startswith(b"E")
+        assert client.ask(b"Z2,103000,4") == b""  # no hardware watchpoints offered
+        # Memory outside the guest (and past 2^64), writes into pyvmm's low area.
+        assert client.ask(b"m7fffffffffff,10").startswith(b"E")
+        assert client.ask(b"mffffffffffffffff,10").startswith(b"E")
+        assert client.ask(b"m1ffffffffffffffffff,1").startswith(b"E")
+        assert client.ask(b"M7fffffff0000,2:9090").startswith(b"E")
+        assert client.ask(b"M1000,1:cc").startswith(b"E")  # the page tables
+        assert client.ask(b"M100000,4:90").startswith(b"E")  # length and data disagree
+        # A huge length is capped to what one packet holds.
+        reply = client.ask(b"m100000,ffffffffffff")
+        assert 0 < len(reply) <= 16384 and re.fullmatch(rb"[0-9a-f]+", reply), reply[:80]
+        # An overlong packet (no '#' for 100 KiB): dropped whole, '-'.
+        client.send(b"$" + b"A" * 100_000 + b"#00")
+        assert client.ack() == b"-"
+        # Garbage between packets is skipped; the stub still answers.
+        client.send(b"garbage\x00\xff")
+        assert client.ask(b"qSupported:swbreak+").startswith(b"PacketSize=")
+        registers = client.ask(b"g")
+        assert re.fullmatch(rb"[0-9a-fx]+", registers), registers[:80]
+        assert int.from_bytes(bytes.fromhex(registers[256:272].decode()), "little") == 0x100000
+        client.send(client.packet(b"k"))
+        assert client.ack() == b"+"
+        _, err = pyvmm.communicate(timeout=TIMEOUT)
+        assert pyvmm.returncode == 137, err
+        assert "Traceback" not in err, err
+        assert err.splitlines()[-1] == "pyvmm: gdb: the debugger killed the guest", err
+    finally:
+        if pyvmm.poll() is None:
+            pyvmm.kill()
+            pyvmm.communicate()
+
+
+def test_client_that_goes_away_while_stopped_is_a_detach(tmp_path):
+    pyvmm = popen_pyvmm("--cpl=0", "--gdb-port=0", guest("hello"))
+    try:
+        match = WAITING.match(pyvmm.stderr.readline())
+        assert match
+        client = RawClient(int(match.group(1).rsplit(":", 1)[1]))
+        assert client.ask(b"?").startswith(b"T05")
+        client.sock.close()
+        out, err = pyvmm.communicate(timeout=TIMEOUT)
+        assert "Hello, world" in out, out + err
+        assert pyvmm.returncode == 0, err
+    finally:
+        if pyvmm.poll() is None:
+            pyvmm.kill()
+            pyvmm.communicate()
