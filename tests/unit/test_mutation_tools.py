@@ -1,0 +1,102 @@
+"""The mutation-testing tools themselves (scripts/mutate_c.py, the map and
+the equivalent list): the C operators make the mutants they promise and
+leave comments, strings and preprocessor lines alone, a mutant's id does
+not move with the code around it, and every critical file has tests."""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import mutate_c  # noqa: E402
+import mutate_run  # noqa: E402
+
+SAMPLE = """\
+/* a comment with a < b and f(x, y); */
+#define LIMIT (4 < 5)
+static int check(int gpa, int len)
+{
+    const char *s = "a == b";
+    if (gpa > 10 && len <= 2)
+        return 0;
+    note(gpa, len);
+    return 1; // x != y
+}
+"""
+
+
+def _afters(path: str, text: str) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for m in mutate_c.mutants(path, text):
+        found.setdefault(m.operator, set()).add(m.after.strip())
+    return found
+
+
+def test_each_operator_makes_its_mutant() -> None:
+    found = _afters("x.c", SAMPLE)
+    assert "if (gpa >= 10 && len <= 2)" in found["cmp"]
+    assert "if (gpa > 10 && len < 2)" in found["cmp"]
+    assert "if (gpa > 10 || len <= 2)" in found["logic"]
+    assert {"if (gpa > 11 && len <= 2)", "if (gpa > 9 && len <= 2)"} <= found["const"]
+    assert "return 2; // x != y" in found["const"]
+    assert ";" in found["drop"]
+    assert "note(len, gpa);" in found["swap"]
+
+
+def test_comments_strings_and_preprocessor_lines_are_not_mutated() -> None:
+    for m in mutate_c.mutants("x.c", SAMPLE):
+        assert m.line not in (1, 2, 5), m
+        assert "x != y" in m.after or m.line != 9
+
+
+def test_a_mutant_is_applied_to_its_line_only() -> None:
+    m = next(
+        m
+        for m in mutate_c.mutants("x.c", SAMPLE)
+        if m.operator == "swap" and m.before.strip().startswith("note")
+    )
+    out = m.apply(SAMPLE).split("\n")
+    assert out[m.line - 1].strip() == "note(len, gpa);"
+    assert [a for a, b in zip(out, SAMPLE.split("\n"), strict=True) if a != b] == [out[m.line - 1]]
+    with pytest.raises(ValueError):
+        m.apply(SAMPLE.replace("note(gpa, len);", "other(gpa);"))
+
+
+def test_ids_stay_when_the_code_around_moves() -> None:
+    before = {m.id for m in mutate_c.mutants("x.c", SAMPLE)}
+    moved = "\n\n/* more */\nint z;\n" + SAMPLE
+    after = {m.id for m in mutate_c.mutants("x.c", moved)}
+    assert before <= after
+    assert len(before) == len(mutate_c.mutants("x.c", SAMPLE))  # ids are unique
+
+
+def test_every_real_c_file_gives_mutants_with_unique_ids() -> None:
+    for path in ("csrc/guestmem.c", "csrc/shmstream_ring.h", "guests/runtime/net_shm.c"):
+        found = mutate_c.mutants(path, (ROOT / path).read_text())
+        assert found, path
+        assert len({m.id for m in found}) == len(found)
+
+
+def test_every_critical_file_is_mapped_to_existing_tests() -> None:
+    mapping = mutate_run.load_map()
+    assert mapping.critical <= set(mapping.tests)
+    for path, args in mapping.tests.items():
+        assert (ROOT / path).exists(), path
+        files = mutate_run.test_files(args)
+        assert files, path
+        for name in files:
+            assert (ROOT / name).exists(), (path, name)
+
+
+def test_every_known_equivalent_names_a_file_and_gives_a_reason() -> None:
+    data = tomllib.loads((ROOT / "scripts" / "mutation_equivalent.toml").read_text())
+    mapping = mutate_run.load_map()
+    for mutant_id, reason in data["equivalent"].items():
+        assert mutant_id.split(":")[0] in mapping.tests, mutant_id
+        assert len(reason.split()) >= 5, mutant_id
