@@ -1,7 +1,8 @@
 """Builds the cffi extension pyvmm._native from csrc/ (see pyproject.toml)
 and the native launcher pyvmm/_launcher (csrc/launcher.c, docs/startup.md)
-next to it: in the source tree for an editable install, in the wheel
-otherwise."""
+next to it, with pyvmm-oci's native front end pyvmm/_oci (csrc/oci_front.c,
+docs/orchestration.md): in the source tree for an editable install, in the
+wheel otherwise."""
 
 import os
 import sys
@@ -10,6 +11,8 @@ from setuptools import Distribution, setup
 from setuptools.command.build_ext import build_ext
 
 LAUNCHER_SOURCE = os.path.join("csrc", "launcher.c")
+#: The programs built beside the extension: (source, name in the package).
+PROGRAMS = ((LAUNCHER_SOURCE, "_launcher"), (os.path.join("csrc", "oci_front.c"), "_oci"))
 #: The launcher as the scripts directory's ``pyvmm``: build_ext runs before
 #: build_scripts, which copies it as it is (no shebang to rewrite), so any
 #: install (a wheel, ``pip install .``, an editable one) gets the native
@@ -34,20 +37,21 @@ class BuildWithLauncher(build_ext):
             compiler = new_compiler()
             customize_compiler(compiler)
         python = sys.executable  # a venv's own, not what it links to
-        objects = compiler.compile(
-            [LAUNCHER_SOURCE],
-            output_dir=self.build_temp,
-            macros=[("PYVMM_PYTHON", '"' + python.replace('"', '\\"') + '"')],
-            extra_postargs=["-O2", "-Wall"],
-        )
-        try:
-            # Static: no dynamic loader runs before main() blocks the signals.
-            compiler.link_executable(
-                objects, "_launcher", output_dir=package_dir, extra_postargs=["-static"]
+        for source, name in PROGRAMS:
+            objects = compiler.compile(
+                [source],
+                output_dir=self.build_temp,
+                macros=[("PYVMM_PYTHON", '"' + python.replace('"', '\\"') + '"')],
+                extra_postargs=["-O2", "-Wall"],
             )
-        except Exception:  # no static libc: the same, dynamically linked
-            compiler.link_executable(objects, "_launcher", output_dir=package_dir)
-        os.chmod(target, 0o755)
+            try:
+                # Static: no dynamic loader runs before main() blocks the signals.
+                compiler.link_executable(
+                    objects, name, output_dir=package_dir, extra_postargs=["-static"]
+                )
+            except Exception:  # no static libc: the same, dynamically linked
+                compiler.link_executable(objects, name, output_dir=package_dir)
+            os.chmod(os.path.join(package_dir, name), 0o755)
         # The same program as the install's `pyvmm` command (see below).
         os.makedirs(os.path.dirname(COMMAND), exist_ok=True)
         self.copy_file(target, COMMAND)

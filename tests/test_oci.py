@@ -48,8 +48,21 @@ IMAGES = {  # name: (kernel, default args, net-args template)
 MNT_DETACH = 2
 
 
+NATIVE = Path(oci_image.__file__).parent.parent / "_oci"
+
+
+def native_runtime() -> str:
+    """pyvmm-oci's native front end, as the build leaves it in the package."""
+    if not os.access(NATIVE, os.X_OK):
+        pytest.fail(f"{NATIVE} is missing: run 'python3 setup.py build_ext --inplace'")
+    return str(NATIVE)
+
+
 def runtime_binary() -> str:
-    """pyvmm-oci as installed next to this Python (pip's script), else on PATH."""
+    """pyvmm-oci as the shim should call it: the native front end, else the
+    script installed next to this Python (pip's), else on PATH."""
+    if os.access(NATIVE, os.X_OK):
+        return str(NATIVE)
     beside = Path(sys.executable).with_name("pyvmm-oci")
     if beside.exists():
         return str(beside)
@@ -593,16 +606,19 @@ print(json.dumps(seen))
 """
 
 
-def _lifecycle(root: str, bundle: str, cid: str, settle: float, sig: str, how: str) -> dict:
+def _lifecycle(
+    root: str, bundle: str, cid: str, settle: float, sig: str, how: str, runtime=None, env=None
+) -> dict:
     """create in a process of its own; the other commands the same (``how``
     = "exec"), or called in the subreaper (``how`` = "in-process")."""
-    oci = [runtime_binary(), "--root", root]
+    oci = [runtime or runtime_binary(), "--root", root]
     try:
         done = subprocess.run(
             [sys.executable, "-c", LIFECYCLE, json.dumps(oci), cid, bundle, str(settle), sig, how],
             capture_output=True,
             text=True,
             timeout=120,
+            env=env,
         )
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
@@ -615,14 +631,37 @@ def _lifecycle(root: str, bundle: str, cid: str, settle: float, sig: str, how: s
             subprocess.run(["runc", "--root", runc_root, "delete", "--force", cid], check=False)
 
 
-def test_create_start_state_kill_delete_without_containerd(tmp_path):
+def _python_logging_its_calls(tmp_path) -> tuple[dict, Path]:
+    """An environment whose PYVMM_PYTHON notes each command it runs: the
+    front end's is ``-I -S -c BOOT ROOT --root DIR COMMAND ... ID``."""
+    calls = tmp_path / "python-calls"
+    wrapper = tmp_path / "python"
+    script = 'for last; do :; done; (shift 5; echo "$3 $last") >> CALLS\nexec PYTHON "$@"\n'
+    wrapper.write_text(
+        "#!/bin/sh\n" + script.replace("CALLS", str(calls)).replace("PYTHON", sys.executable)
+    )
+    wrapper.chmod(0o755)
+    return dict(os.environ, PYVMM_PYTHON=str(wrapper)), calls
+
+
+@pytest.mark.parametrize("how", ["in-process", "native"])
+def test_create_start_state_kill_delete_without_containerd(tmp_path, how):
+    """The same answers from the Python runtime and from the native front
+    end, which starts no interpreter but for create."""
     bundle = tmp_path / "bundle"
     (bundle / "rootfs" / "unikernel").mkdir(parents=True)
     shutil.copy(guest("spin"), bundle / "rootfs" / "unikernel" / "kernel.hvt")
     config = {"ociVersion": "1.0.2", "process": {"args": []}, "root": {"path": "rootfs"}}
     (bundle / "config.json").write_text(json.dumps(config))
     root = tmp_path / "root"
-    seen = _lifecycle(str(root), str(bundle), "spin2", 2.0, "15", "in-process")
+    if how == "native":
+        env, calls = _python_logging_its_calls(tmp_path)
+        seen = _lifecycle(str(root), str(bundle), "spin2", 2.0, "15", "exec", native_runtime(), env)
+        # (pyvmm's own launcher, in the container, runs it too: the guest's lines)
+        oci_calls = [x for x in calls.read_text().splitlines() if not x.startswith("/proc/")]
+        assert oci_calls == ["create spin2", "create spin2b"]
+    else:
+        seen = _lifecycle(str(root), str(bundle), "spin2", 2.0, "15", "in-process")
     assert seen == {
         "create": 0,
         "modes": ["0o700", "0o600", "0o600"],  # the state and the pid file: root's only
@@ -842,3 +881,35 @@ def test_a_cpuset_pins_every_thread_inside_it_and_delete_removes_the_cgroup(tmp_
     assert _cgroup_dirs(rel) == []
     assert _cgroup_dirs(rel.split("/")[0]) == []  # the parents it made, too
     assert os.listdir(root) == []
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["state", "nope"],
+        ["start", "nope"],
+        ["kill", "nope", "KILL"],
+        ["delete", "nope"],
+        ["delete", "--force", "nope"],
+        ["kill", "nope", "NOSUCHSIGNAL"],  # the native front end hands it to Python
+        ["state", ".runc"],
+        ["ps", "--format", "json", "nope"],
+    ],
+)
+def test_the_native_front_end_says_what_the_python_runtime_says(tmp_path, command):
+    """Status, stderr and the --log line, word for word (the time aside)."""
+    seen = []
+    for runtime in ([native_runtime()], [sys.executable, "-m", "pyvmm.oci"]):
+        log = tmp_path / f"log{len(seen)}"
+        done = subprocess.run(
+            [*runtime, "--root", str(tmp_path / "root"), "--log", str(log), "--log-format", "json"]
+            + command,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        lines = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+        seen.append((done.returncode, done.stdout, done.stderr, [x["msg"] for x in lines]))
+        assert all(x["level"] == "error" and x["time"].endswith("+00:00") for x in lines)
+    assert seen[0] == seen[1]
+    assert seen[0][0] == 1 and seen[0][2].startswith("pyvmm-oci: ")

@@ -70,6 +70,9 @@ START_TIMEOUT = 30.0
 #: ``ROOT/.runc`` is where the pod sandboxes handed to runc keep their state.
 CONTAINER_ID = re.compile(r"[A-Za-z0-9_+,\-][A-Za-z0-9_+,.\-]*")
 ID_MAX = 255  # one directory name
+#: The native front end's summary of a container (csrc/oci_front.c).
+NATIVE_FILE = "native"
+NATIVE_MAGIC, NATIVE_VERSION = "pyvmm-oci-native", 1
 FILE_MODE = 0o600  # everything pyvmm-oci writes: state, pid file, logs
 DIR_MODE = 0o700
 
@@ -184,6 +187,22 @@ class Container:
         if not self.alive(state):
             return "stopped"
         return "created" if os.path.exists(self.fifo) else "running"
+
+    def save_native(self, state: dict) -> None:
+        """ROOT/ID/native: what the native front end (csrc/oci_front.c)
+        needs to answer state, start, kill and delete without Python."""
+        lines = [
+            f"{NATIVE_MAGIC} {NATIVE_VERSION}",
+            f"pid {state['pid']} {state['start_time']}",
+            f"net {1 if state.get('link') else 0}",
+        ]
+        cgroup = state.get("cgroup") or {"dirs": {}, "made": []}
+        lines += [f"leaf {d}" for d in sorted(set(cgroup["dirs"].values()))]
+        lines += [f"made {d}" for d in cgroup["made"]]
+        if any("\n" in line for line in lines) or state["start_time"] is None:
+            return  # (a path with a newline in it): every call goes to Python
+        lines.append("state " + json.dumps(_state_json(state, None)))
+        write_private(os.path.join(self.dir, NATIVE_FILE), "\n".join(lines) + "\n")
 
 
 # -- create ----------------------------------------------------------------
@@ -338,6 +357,7 @@ def _create(
             raise RuntimeError_(str(err)) from None
         if args.debug:
             args.logger.write("debug", f"cgroup {path} ({', '.join(cgroup.leaves())}); {argv}")
+        container.save_native(state)
         if args.pid_file:
             write_private(args.pid_file, str(pid))
     except BaseException:
@@ -373,22 +393,26 @@ def start(root: str, args: argparse.Namespace) -> None:
     os.unlink(container.fifo)
 
 
+def _state_json(state: dict, status: str | None) -> dict:
+    """runc's state output (without pid and status when ``status`` is None:
+    the native front end adds them)."""
+    out = {"ociVersion": OCI_VERSION, "id": state["id"]}
+    if status is not None:
+        out.update(pid=state["pid"] if status != "stopped" else 0, status=status)
+    out.update(
+        bundle=state["bundle"],
+        rootfs=state["rootfs"],
+        created=state["created"],
+        owner="",
+        annotations=state.get("annotations") or {},
+    )
+    return out
+
+
 def state_cmd(root: str, args: argparse.Namespace) -> None:
     container = Container(root, args.id)
     state = container.load()
-    status = container.status(state)
-    out = {
-        "ociVersion": OCI_VERSION,
-        "id": state["id"],
-        "pid": state["pid"] if status != "stopped" else 0,
-        "status": status,
-        "bundle": state["bundle"],
-        "rootfs": state["rootfs"],
-        "created": state["created"],
-        "owner": "",
-        "annotations": state.get("annotations") or {},
-    }
-    print(json.dumps(out, indent=2))
+    print(json.dumps(_state_json(state, container.status(state)), indent=2))
 
 
 def parse_signal(text: str) -> int:
