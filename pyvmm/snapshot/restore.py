@@ -200,6 +200,11 @@ class Restore:
         ]
         state["msrs"] = cpu_state.pack_msrs(entries)
         cpu_state.apply(vcpu, state)
+        # Some KVMs keep the guest's TSC the host's and ignore the write
+        # (PVM: the host's TSC, which went on since the snapshot too); one
+        # behind the snapshot's would make the guest's clock go back.
+        if cpu_state.read_tsc(vcpu) < self.tsc:
+            raise refuse(self.path, "this KVM did not set the TSC: the guest's clock would go back")
         trace.mark("vCPU state set from the snapshot")
 
     def load_shadow(self, handler: object) -> None:

@@ -149,3 +149,8 @@ def with_rip(regs: bytes, value: int) -> bytes:
     out = bytearray(regs)
     struct.pack_into("<Q", out, 16 * 8, value)
     return bytes(out)
+
+
+def read_tsc(vcpu: Vcpu) -> int:
+    """The guest's TSC now (KVM_GET_MSRS)."""
+    return dict(msr_entries(_get_msrs(vcpu, (MSR_TSC,)))).get(MSR_TSC, 0)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -93,6 +94,7 @@ class SnapshotTarget:
         self.path = path
         self.stop = stop
         self.taken = False
+        self._sweeper = -1  # the pipe to sweeper.py, under the sandbox
         self.dir_fd = make_directory(path)
         self.fds: dict[str, int] = {}
         try:
@@ -110,27 +112,68 @@ class SnapshotTarget:
         target = cls(config.snapshot_dir, config.snapshot_stop)
         try:
             os.ftruncate(target.fds[MEMORY], plan.mem_size)  # all holes until written
+            if config.sandbox:
+                target._start_sweeper()
         except OSError as err:
             target.close()
-            raise SnapshotError(f"--snapshot-dir: cannot size {MEMORY}: {err.strerror}") from None
+            why = err.strerror
+            raise SnapshotError(f"--snapshot-dir: cannot prepare {target.path}: {why}") from None
+        except BaseException:
+            target.close()
+            raise
         return target
 
+    def _start_sweeper(self) -> None:
+        """sweeper.py, which removes the directory if no snapshot is taken
+        (pyvmm cannot, once the sandbox is on)."""
+        from pyvmm.snapshot import sweeper
+
+        path = os.path.abspath(self.path)
+        parent = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        reply_read, reply_write = os.pipe2(os.O_CLOEXEC)
+        actions: list[tuple] = [
+            (os.POSIX_SPAWN_DUP2, fd, 3 + i) for i, fd in enumerate((parent, read_end, reply_write))
+        ]
+        actions += [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
+        argv = [sys.executable, "-I", "-S", sweeper.__file__, os.path.basename(path)]
+        try:
+            os.posix_spawn(sys.executable, argv, {}, file_actions=actions, setsid=True)
+        except OSError:
+            os.close(write_end)
+            os.close(reply_read)
+            raise
+        finally:
+            os.close(parent)
+            os.close(read_end)
+            os.close(reply_write)
+        self._sweeper, self._sweeper_reply = write_end, reply_read
+
     def close(self) -> None:
-        """Close the files; a directory never filled is removed (best
-        effort: under the sandbox, unlink is refused and it stays, an
-        incomplete snapshot any restore refuses)."""
+        """Close the files; a directory never filled is removed (by the
+        sweeper under the sandbox, at the end of its pipe)."""
         for fd in self.fds.values():
             os.close(fd)
         self.fds = {}
         if self.dir_fd < 0:
             return
-        if not self.taken:
-            try:
-                for name in (METADATA, CPU_STATE, MEMORY):
+        if self._sweeper >= 0:
+            os.close(self._sweeper)  # it removes the directory, unless told "K"
+            self._sweeper = -1
+            while True:  # its end: the directory is gone (or kept) when pyvmm exits
+                try:
+                    if not os.read(self._sweeper_reply, 1):
+                        break
+                except InterruptedError:
+                    continue
+            os.close(self._sweeper_reply)
+        elif not self.taken:
+            for name in (METADATA, CPU_STATE, MEMORY):
+                try:
                     os.unlink(name, dir_fd=self.dir_fd)
-                os.rmdir(self.path)
-            except OSError as err:
-                log.warning("no snapshot taken; %s left incomplete (%s)", self.path, err.strerror)
+                except FileNotFoundError:
+                    pass
+            os.rmdir(self.path)
         os.close(self.dir_fd)
         self.dir_fd = -1
 
@@ -187,6 +230,8 @@ class SnapshotTarget:
         write_all(self.fds[METADATA], seal(document))
         os.fsync(self.fds[METADATA])
         self.taken = True
+        if self._sweeper >= 0:
+            os.write(self._sweeper, b"K")  # complete: the sweeper keeps it
         log.info(
             "snapshot: %s written (%d pages of memory, %.1f ms)",
             self.path,

@@ -1,0 +1,242 @@
+"""Snapshots: taken at the guest's first wait, restored in a new process.
+
+guests/resume.c folds a heap buffer before its first wait and again after
+it, and checks its clocks across the wait: a run that is snapshotted at
+the wait and restored prints, across the two processes, exactly what an
+uninterrupted run prints. Every damaged or foreign snapshot is refused in
+one line with status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+
+import pytest
+
+from conftest import GUESTS, ROOT, run_pyvmm
+from pyvmm.snapshot import format as snapshot_format
+
+pytestmark = pytest.mark.kvm
+
+MEM = "--mem=8"
+ARGS = ("4096",)
+
+
+@pytest.fixture(scope="module")
+def resume():
+    """guests/resume.c, built (its rule is make's pattern rule)."""
+    subprocess.run(["make", "-C", str(ROOT / "guests"), "-s", "bin/resume.hvt"], check=True)
+    return GUESTS / "resume.hvt"
+
+
+def one_line(result: subprocess.CompletedProcess, status: int = 1) -> str:
+    assert result.returncode == status, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pyvmm: "), result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def take(kernel, directory, *options: str, stop: bool = True) -> subprocess.CompletedProcess:
+    result = run_pyvmm(
+        MEM,
+        *options,
+        "--snapshot-at=first-wait",
+        f"--snapshot-dir={directory}",
+        *(["--snapshot-stop"] if stop else []),
+        kernel,
+        *ARGS,
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+@pytest.fixture(scope="module")
+def snapshot(resume, tmp_path_factory):
+    """One snapshot of resume.hvt, and what it printed before it (not to be
+    changed: tests that damage one copy it first)."""
+    directory = tmp_path_factory.mktemp("snap") / "s"
+    result = take(resume, directory)
+    return directory, result.stdout
+
+
+def copy_of(snapshot, tmp_path):
+    directory = tmp_path / "copy"
+    shutil.copytree(snapshot[0], directory)
+    os.chmod(directory, 0o700)
+    return directory
+
+
+@pytest.mark.parametrize("cpl", ["3", "deprivileged", "0"])
+def test_a_restored_run_continues_as_an_uninterrupted_one(resume, tmp_path, cpl):
+    whole = run_pyvmm(MEM, f"--cpl={cpl}", resume, *ARGS)
+    assert whole.returncode == 0, whole.stderr
+    assert whole.stdout.endswith("SUCCESS\n")
+    before = take(resume, tmp_path / "s", f"--cpl={cpl}")
+    assert before.stdout.startswith("before: ") and "after" not in before.stdout
+    after = run_pyvmm("--restore", tmp_path / "s")
+    assert after.returncode == 0, after.stderr
+    assert before.stdout + after.stdout == whole.stdout
+    # A snapshot restores any number of times, each the same.
+    again = run_pyvmm(f"--restore={tmp_path / 's'}")
+    assert again.stdout == after.stdout
+
+
+def test_the_guest_runs_on_after_its_snapshot(resume, tmp_path):
+    whole = run_pyvmm(MEM, resume, *ARGS)
+    going_on = take(resume, tmp_path / "s", stop=False)
+    assert going_on.stdout == whole.stdout
+    restored = run_pyvmm(f"--restore={tmp_path / 's'}")
+    assert restored.returncode == 0, restored.stderr
+    first, rest = whole.stdout.split("\n", 1)
+    assert first.startswith("before: ") and restored.stdout == rest
+
+
+def test_the_directory_is_owner_only_and_the_memory_sparse(snapshot):
+    directory, _ = snapshot
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    for name in ("snapshot.json", "cpu.state", "memory"):
+        assert stat.S_IMODE(os.stat(directory / name).st_mode) == 0o600, name
+    memory = directory / "memory"
+    info = os.stat(memory)
+    assert info.st_size == 8 << 20
+    pages = json.loads((directory / "snapshot.json").read_text())["memory"]["pages"]
+    assert 0 < pages < 256
+    # Only the pages written take space; the rest are holes.
+    assert info.st_blocks * 512 <= pages * 4096 + 65536
+    with open(memory, "rb") as f:
+        first_hole = os.lseek(f.fileno(), 0, os.SEEK_HOLE)
+        assert first_hole < info.st_size
+        data = os.lseek(f.fileno(), first_hole, os.SEEK_DATA)
+        assert data > first_hole
+
+
+def test_an_existing_directory_is_never_written_over(resume, tmp_path):
+    directory = tmp_path / "s"
+    directory.mkdir()
+    (directory / "keep").write_text("mine")
+    result = run_pyvmm(
+        MEM, "--snapshot-at=first-wait", f"--snapshot-dir={directory}", resume, *ARGS
+    )
+    assert "exists" in one_line(result)
+    assert os.listdir(directory) == ["keep"]
+
+
+def test_a_run_that_never_waits_leaves_no_directory(tmp_path):
+    directory = tmp_path / "s"
+    result = run_pyvmm(
+        MEM, "--snapshot-at=first-wait", f"--snapshot-dir={directory}", GUESTS / "hello.hvt"
+    )
+    assert result.returncode == 0, result.stderr
+    assert not directory.exists()
+
+
+def reseal(directory, change) -> None:
+    """Change the metadata and give it a valid checksum again: a snapshot
+    made by someone else, not a damaged one."""
+    path = directory / "snapshot.json"
+    document = json.loads(path.read_text())
+    change(document)
+    path.write_bytes(snapshot_format.seal(document))
+
+
+def _set(*keys_and_value):
+    *keys, value = keys_and_value
+
+    def change(document):
+        target = document
+        for key in keys[:-1]:
+            target = target[key]
+        target[keys[-1]] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (_set("version", 2), "format version 2"),
+        (_set("format", "other"), "not a pyvmm snapshot"),
+        (_set("arch", "aarch64"), "taken on an aarch64 host"),
+        (_set("plan", "mem_size", 3 << 20), "not a 2 MiB multiple"),
+        (_set("plan", "mem_size", "8M"), "plan.mem_size"),
+        (_set("plan", "mode", "ring-1"), "unknown privilege mode"),
+        (_set("plan", "usable", 1 << 40), "plan.usable"),
+        (_set("plan", "guest_args", ["1"]), "command line"),
+        (_set("kernel", "sha256", "0" * 64), "is not the unikernel"),
+        (_set("devices", [{"name": "n", "type": "net", "handle": 0}]), "net device"),
+        (_set("clock", "tsc_khz", 1), "TSC runs at 1 kHz"),
+        (_set("clock", "tsc", -1), "clock.tsc"),
+        (_set("cpu_state", "sha256", "0" * 64), "cpu.state fails its checksum"),
+        (_set("memory", "size", 4 << 20), "size"),
+        (_set("shadow", {"gdt_base": "x"}), "trap emulator"),
+        (lambda d: d.pop("clock"), "snapshot.clock"),
+    ],
+)
+def test_a_foreign_or_inconsistent_snapshot_is_refused(snapshot, tmp_path, change, expected):
+    directory = copy_of(snapshot, tmp_path)
+    reseal(directory, change)
+    assert expected in one_line(run_pyvmm(f"--restore={directory}"))
+
+
+def test_corrupted_metadata_fails_its_checksum(snapshot, tmp_path):
+    directory = copy_of(snapshot, tmp_path)
+    path = directory / "snapshot.json"
+    path.write_text(path.read_text().replace('"mem_size": 8388608', '"mem_size": 4194304'))
+    assert "fails its checksum" in one_line(run_pyvmm(f"--restore={directory}"))
+    path.write_bytes(b"\x00garbage")
+    assert "not JSON" in one_line(run_pyvmm(f"--restore={directory}"))
+
+
+@pytest.mark.parametrize("name", ["snapshot.json", "cpu.state", "memory"])
+def test_a_truncated_file_is_refused(snapshot, tmp_path, name):
+    directory = copy_of(snapshot, tmp_path)
+    path = directory / name
+    os.truncate(path, os.stat(path).st_size // 2)
+    line = one_line(run_pyvmm(f"--restore={directory}"))
+    assert any(word in line for word in ("checksum", "truncated", "not JSON")), line
+
+
+def test_a_missing_file_is_an_incomplete_snapshot(snapshot, tmp_path):
+    directory = copy_of(snapshot, tmp_path)
+    os.unlink(directory / "snapshot.json")
+    assert "incomplete" in one_line(run_pyvmm(f"--restore={directory}"))
+    assert "cannot open" in one_line(run_pyvmm(f"--restore={tmp_path / 'none'}"))
+
+
+def test_a_snapshot_others_can_read_is_refused(snapshot, tmp_path):
+    directory = copy_of(snapshot, tmp_path)
+    os.chmod(directory, 0o755)
+    assert "owner-only" in one_line(run_pyvmm(f"--restore={directory}"))
+
+
+def test_a_changed_kernel_file_is_refused(resume, tmp_path):
+    kernel = tmp_path / "resume.hvt"
+    shutil.copy(resume, kernel)
+    take(kernel, tmp_path / "s")
+    image = kernel.read_bytes()
+    assert image.count(b"before: 0x") == 1
+    kernel.write_bytes(image.replace(b"before: 0x", b"BEFORE: 0x"))
+    line = one_line(run_pyvmm(f"--restore={tmp_path / 's'}"))
+    assert "is not the unikernel" in line
+    kernel.write_bytes(image)  # the same bytes again: restored
+    assert run_pyvmm(f"--restore={tmp_path / 's'}").returncode == 0
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (("--restore=D", "k.hvt"), "come from the snapshot"),
+        (("--restore=D", "--mem=64"), "keeps the snapshot's"),
+        (("--snapshot-at=first-wait", "k.hvt"), "missing --snapshot-dir"),
+        (("--snapshot-dir=D", "k.hvt"), "only with --snapshot-at"),
+        (("--snapshot-stop", "k.hvt"), "only with --snapshot-at"),
+        (("--snapshot-at=later", "--snapshot-dir=D", "k.hvt"), "not one of first-wait"),
+    ],
+)
+def test_snapshot_options_are_checked(args, expected):
+    assert expected in one_line(run_pyvmm(*args))
