@@ -70,6 +70,11 @@ def make_plan(config: VmConfig, *, machine: str, flavour: str, load: KernelLoade
     arch = host_arch(machine)
     devices = resolve(config.devices, kernel.manifest)
     nets = [request.handle for kind, request in devices if kind.type == DeviceType.NET]
+    if nets and (config.snapshot_at is not None or config.restore is not None):
+        raise UsageError(
+            f"--{'snapshot-at' if config.snapshot_at else 'restore'}: a guest with net devices "
+            "cannot be snapshotted or restored yet (its rings' and taps' state is not saved)"
+        )
     shm_mode = choose_shm(config.shm, kernel, bool(nets))
     if config.shm_slots is not None and shm_mode == "off":
         why = "--shm=off" if config.shm == "off" else "no net device or no shmstream driver"

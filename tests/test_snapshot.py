@@ -240,3 +240,71 @@ def test_a_changed_kernel_file_is_refused(resume, tmp_path):
 )
 def test_snapshot_options_are_checked(args, expected):
     assert expected in one_line(run_pyvmm(*args))
+
+
+@pytest.fixture(scope="module")
+def resumeblk():
+    subprocess.run(["make", "-C", str(ROOT / "guests"), "-s", "bin/resumeblk.hvt"], check=True)
+    return GUESTS / "resumeblk.hvt"
+
+
+def test_a_disk_attached_anew_continues_as_in_an_uninterrupted_run(resumeblk, tmp_path):
+    whole_disk, disk = tmp_path / "whole.img", tmp_path / "disk.img"
+    for path in (whole_disk, disk):
+        path.write_bytes(bytes(1 << 20))
+    whole = run_pyvmm(MEM, f"--block:storage={whole_disk}", resumeblk)
+    assert whole.returncode == 0, whole.stderr
+    before = run_pyvmm(
+        MEM,
+        f"--block:storage={disk}",
+        "--snapshot-at=first-wait",
+        f"--snapshot-dir={tmp_path / 's'}",
+        "--snapshot-stop",
+        resumeblk,
+    )
+    assert before.returncode == 0, before.stderr
+    after = run_pyvmm(f"--restore={tmp_path / 's'}", f"--block:storage={disk}")
+    assert after.returncode == 0, after.stderr
+    assert before.stdout + after.stdout == whole.stdout
+    assert disk.read_bytes() == whole_disk.read_bytes()
+
+
+def test_a_disk_of_another_geometry_or_none_is_refused(resumeblk, tmp_path):
+    disk = tmp_path / "disk.img"
+    disk.write_bytes(bytes(1 << 20))
+    directory = tmp_path / "s"
+    result = run_pyvmm(
+        MEM,
+        f"--block:storage={disk}",
+        "--snapshot-at=first-wait",
+        f"--snapshot-dir={directory}",
+        "--snapshot-stop",
+        resumeblk,
+    )
+    assert result.returncode == 0, result.stderr
+    other = tmp_path / "other.img"
+    other.write_bytes(bytes(2 << 20))
+    line = one_line(run_pyvmm(f"--restore={directory}", f"--block:storage={other}"))
+    assert "the snapshot's was 1048576" in line
+    line = one_line(
+        run_pyvmm(
+            f"--restore={directory}", "--block-sector-size:storage=4096", f"--block:storage={disk}"
+        )
+    )
+    assert "blocks of 4096" in line
+    assert "--block:storage=" in one_line(run_pyvmm(f"--restore={directory}"))
+
+
+def test_net_devices_are_refused_before_anything_is_opened(tmp_path):
+    directory = tmp_path / "s"
+    line = one_line(
+        run_pyvmm(
+            MEM,
+            "--snapshot-at=first-wait",
+            f"--snapshot-dir={directory}",
+            "--net:service0=pyvmm-no-such-tap",
+            GUESTS / "ping.hvt",
+        )
+    )
+    assert "net devices cannot be snapshotted" in line
+    assert not directory.exists()
