@@ -95,6 +95,8 @@ def make_plan(config: VmConfig, *, machine: str, flavour: str, load: KernelLoade
         ring_gpa = usable
     kernel.check_fits(usable)
     mode = choose_mode(config.cpl, kernel, flavour)
+    if mode == "user" and config.cpl == "auto" and config.gdb:
+        mode = "deprivileged"  # a debugger gets nothing in user mode (docs/debugging.md)
     if mode not in arch.modes:
         raise UsageError(
             f"--cpl={config.cpl}: {machine} hosts run guests in {', '.join(arch.modes)} mode only"

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import guest, popen_pyvmm, run_pyvmm
+from pyvmm.kvm.system import kvm_flavour
 from scripts import solo5_build
 
 pytestmark = pytest.mark.kvm
@@ -45,9 +46,11 @@ class Session:
         self.kernel = kernel
         self.socket = tmp / "gdb.sock"
         self.pyvmm = popen_pyvmm(*options, f"--gdb-socket={self.socket}", kernel, *args)
-        # The first stderr line names the socket once it listens.
-        line = self.pyvmm.stderr.readline()
-        assert WAITING.match(line), line + self.finish()[1]
+        # A stderr line names the socket once it listens (-v: after others).
+        self.log = ""
+        while not WAITING.match(line := self.pyvmm.stderr.readline()):
+            assert line, self.log + self.finish()[1]
+            self.log += line
         assert WAITING.match(line).group(1) == str(self.socket)
 
     def gdb(self, *commands: str, interrupt_after: str | None = None) -> str:
@@ -207,6 +210,34 @@ def test_user_mode_at_level_3_is_refused(tmp_path):
     assert result.stderr.startswith("pyvmm: --gdb: a guest in user mode"), result.stderr
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_auto_privilege_under_gdb_is_not_user_mode(session):
+    """On a PVM host ``auto`` runs a guest that declares user mode at level
+    3 directly, where gdb would get nothing: under --gdb it is deprivileged."""
+    s = session(guest("hello"), "-v")
+    out = s.gdb("break solo5_app_main", "continue", "continue")
+    stdout, stderr, status = s.finish()
+    assert "Breakpoint 1, solo5_app_main (" in out, out
+    assert status == 0, stderr
+    if kvm_flavour() == "pvm":
+        assert "privilege: deprivileged mode" in s.log, s.log
+
+
+@pytest.mark.parametrize(
+    "options, error",
+    [
+        (("--gdb-port=70000",), "--gdb-port: '70000' is not a port number"),
+        (("--gdb-port=x",), "--gdb-port: 'x' is not a port number"),
+        (("--gdb-socket=",), "--gdb-socket: the socket's path is empty"),
+        (("--gdb-port=0", "--gdb-socket=/tmp/x"), "--gdb-port and --gdb-socket: give one"),
+    ],
+)
+def test_bad_gdb_options_are_one_line(options, error):
+    result = run_pyvmm(*options, guest("hello"))
+    assert result.returncode != 0
+    assert result.stderr.startswith(f"pyvmm: {error}"), result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
 
 
 def test_existing_socket_path_is_not_replaced(tmp_path):
