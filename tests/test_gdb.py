@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import guest, popen_pyvmm, run_pyvmm
+from pyvmm.debug.symbols import SymbolFile
 from pyvmm.kvm.system import kvm_flavour
 from scripts import solo5_build
 
@@ -318,6 +319,19 @@ def test_hostile_client_gets_errors_and_pyvmm_survives(tmp_path):
         assert client.ask(b"M7fffffff0000,2:9090").startswith(b"E")
         assert client.ask(b"M1000,1:cc").startswith(b"E")  # the page tables
         assert client.ask(b"M100000,4:90").startswith(b"E")  # length and data disagree
+        assert client.ask(b"G0g").startswith(b"E")
+        assert client.ask(b"P10=zz").startswith(b"E")
+        assert client.ask(b"qXfer:features:read:target.xml:zz,1").startswith(b"E")
+        assert client.ask(b"vCont;s:zzz").startswith(b"E")
+        # The target description, in pieces.
+        xml = client.ask(b"qXfer:features:read:target.xml:0,40")
+        assert xml.startswith(b"m<?xml") and len(xml) == 0x41, xml
+        # A binary write with escaped bytes ('}' 0x7d, '#' 0x23) reads back.
+        symbols = SymbolFile.open(str(guest("gdbtarget")))
+        answer = symbols.address_of("gdb_answer")
+        symbols.close()
+        assert client.ask(b"X%x,4:\x7d\x5d\x7d\x03\x01\x02" % answer) == b"OK"
+        assert client.ask(b"m%x,4" % answer) == b"7d230102"
         # A huge length is capped to what one packet holds.
         reply = client.ask(b"m100000,ffffffffffff")
         assert 0 < len(reply) <= 16384 and re.fullmatch(rb"[0-9a-f]+", reply), reply[:80]

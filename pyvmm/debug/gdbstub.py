@@ -347,7 +347,9 @@ class GdbStub:
             self._armed.set()
 
     def _halted(self) -> None:
-        if self._wake_fd >= 0 and self._armed.is_set():
+        """The guest is stopped: the watcher goes back to waiting, off the
+        socket (which may be closed next)."""
+        if self._wake_fd >= 0:
             self._armed.clear()
             os.eventfd_write(self._wake_fd, 1)
 
@@ -452,6 +454,7 @@ class GdbStub:
     def _send_final(self, packet: bytes) -> None:
         if self.conn is None:
             return
+        self._halted()
         try:
             self.conn.send(packet)
         except Disconnected:
@@ -515,6 +518,7 @@ class GdbStub:
                 pass
         if not self.deprivileged:
             self._apply_debug()
+        self._halted()
         if self.conn is not None:
             self.conn.close()
             self.conn = None
@@ -529,7 +533,7 @@ class GdbStub:
             raise
         except GuestFault:
             return _E_FAULT.encode()
-        except (ValueError, IndexError, KeyError, OverflowError):
+        except (ValueError, IndexError, KeyError, OverflowError, PyvmmError):
             return _E_BAD.encode()
 
     def _answer(self, packet: bytes, view, final: bool) -> bytes:
@@ -591,6 +595,7 @@ class GdbStub:
         raise _Resume(step)
 
     def _killed(self) -> None:
+        self._halted()
         if self.conn is not None:
             self.conn.close()
             self.conn = None
