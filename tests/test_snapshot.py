@@ -190,6 +190,10 @@ def test_corrupted_metadata_fails_its_checksum(snapshot, tmp_path):
     assert "fails its checksum" in one_line(run_pyvmm(f"--restore={directory}"))
     path.write_bytes(b"\x00garbage")
     assert "not JSON" in one_line(run_pyvmm(f"--restore={directory}"))
+    path.write_bytes(b"[" * 100000)  # deeper than the parser goes
+    assert "not JSON" in one_line(run_pyvmm(f"--restore={directory}"))
+    path.write_bytes(b"[]")
+    assert "not a pyvmm snapshot" in one_line(run_pyvmm(f"--restore={directory}"))
 
 
 @pytest.mark.parametrize("name", ["snapshot.json", "cpu.state", "memory"])

@@ -171,7 +171,7 @@ def read_metadata(dir_fd: int, path: str) -> dict[str, Any]:
     raw = _read_limited(dir_fd, METADATA, METADATA_LIMIT, f"--restore: {path}")
     try:
         document = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise SnapshotError(f"--restore: {path}: {METADATA} is not JSON (corrupted?)") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise SnapshotError(f"--restore: {path} is not a pyvmm snapshot")

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyvmm import trace
 from pyvmm._native import ffi, lib
-from pyvmm.errors import UsageError
+from pyvmm.errors import GuestFault, UsageError
 from pyvmm.hvt.hypercalls import Halt
 from pyvmm.kvm import Interrupted
 from pyvmm.loader import DeviceType
@@ -215,9 +215,30 @@ class SnapshotTarget:
             raise SnapshotError(f"snapshot: the vCPU did not stop at once ({done!r})")
         state = cpu_state.capture(vcpu)
         rip = cpu_state.rip(state) - 1
-        if vmm.memory.read(rip, 1, what="snapshot") != bytes([OUT_EAX_DX]):
+        try:
+            at_out = vmm.memory.read(rip, 1, what="snapshot") == bytes([OUT_EAX_DX])
+        except GuestFault:
+            at_out = False
+        if not at_out:
             raise SnapshotError(f"snapshot: the guest is not at a hypercall (rip {rip:#x})")
         state["regs"] = cpu_state.with_rip(state["regs"], rip)
+        try:
+            pages = self._write(vmm, state)
+        except OSError as err:
+            raise SnapshotError(f"snapshot: cannot write {self.path}: {err.strerror}") from None
+        self.taken = True
+        if self._sweeper >= 0:
+            os.write(self._sweeper, b"K")  # complete: the sweeper keeps it
+        log.info(
+            "snapshot: %s written (%d pages of memory, %.1f ms)",
+            self.path,
+            pages,
+            (time.monotonic() - started) * 1e3,
+        )
+        trace.mark("snapshot: written", {"dir": self.path})
+
+    def _write(self, vmm: Vmm, state: dict[str, bytes]) -> int:
+        """Memory, then the vCPU's state, then the metadata; each synced."""
         wall_ns = time.time_ns()
         host = ffi.buffer(ffi.cast("char *", vmm.memory.host_addr), vmm.memory.size)
         pages = write_memory(self.fds[MEMORY], host)
@@ -229,16 +250,7 @@ class SnapshotTarget:
             os.fsync(self.fds[name])
         write_all(self.fds[METADATA], seal(document))
         os.fsync(self.fds[METADATA])
-        self.taken = True
-        if self._sweeper >= 0:
-            os.write(self._sweeper, b"K")  # complete: the sweeper keeps it
-        log.info(
-            "snapshot: %s written (%d pages of memory, %.1f ms)",
-            self.path,
-            pages,
-            (time.monotonic() - started) * 1e3,
-        )
-        trace.mark("snapshot: written", {"dir": self.path})
+        return pages
 
 
 def metadata(
