@@ -126,6 +126,31 @@ def test_break_step_finish_and_a_written_global_the_guest_acts_on(session, mode)
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_a_register_written_in_gdb_is_the_guests(session, mode):
+    """At twice()'s first instruction its argument is in rdi: a P write
+    there (deprivileged: into the trap frame's view) changes what it returns."""
+    s = session(guest("gdbtarget"), mode)
+    out = s.gdb("break *twice", "continue", "print $rdi", "set var $rdi = 50", "finish", "continue")
+    stdout, stderr, status = s.finish()
+    assert "$1 = 41" in out, out
+    assert "Value returned is $2 = 100" in out, out
+    assert "gdbtarget: answer 41, doubled 100" in stdout, stdout + stderr
+    assert status == 1, stderr
+
+
+def test_hardware_breakpoint_at_level_0(session):
+    s = session(guest("gdbtarget"), "--cpl=0")
+    out = s.gdb("hbreak twice", "continue", "bt 1", "continue")
+    stdout, _, status = s.finish()
+    assert re.search(
+        r"^Hardware assisted breakpoint 1 at 0x[0-9a-f]+: file gdbtarget\.c", out, re.M
+    )
+    assert "Breakpoint 1, twice (value=41)" in out, out
+    assert "gdbtarget: answer 41, doubled 82" in stdout
+    assert status == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_solo5_test_hello_session(session, mode):
     """Solo5's own test program, its stock hvt build (debug info included)."""
     try:
