@@ -23,7 +23,7 @@ import pytest
 from conftest import guest, popen_pyvmm, run_pyvmm
 from pyvmm.debug.symbols import SymbolFile
 from pyvmm.kvm.system import kvm_flavour
-from scripts import solo5_build
+from scripts import solo5_build, solo5_check
 
 pytestmark = pytest.mark.kvm
 
@@ -150,20 +150,26 @@ def test_hardware_breakpoint_at_level_0(session):
     assert status == 1
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_solo5_test_hello_session(session, mode):
-    """Solo5's own test program, its stock hvt build (debug info included)."""
+@pytest.mark.parametrize(
+    "bindings, mode",
+    [("hvt", "--cpl=0"), ("hvt", "--cpl=deprivileged"), ("pyvmm", "--cpl=auto")],
+    ids=("stock-cpl0", "stock-deprivileged", "relinked-auto"),
+)
+def test_solo5_test_hello_session(session, bindings, mode):
+    """Solo5's own test program: its stock hvt build (debug info included)
+    at level 0 and deprivileged, and relinked with pyvmm's bindings, which
+    declares user mode: --cpl=auto runs it deprivileged under --gdb."""
     try:
         build = solo5_build.ensure(log=lambda message: None)
     except solo5_build.BuildError as err:
         pytest.fail(f"Solo5 from the release archive: {err}")
-    kernel = build.hvt_tests / "test_hello.hvt"
+    kernel = solo5_check.programs(build, bindings) / "test_hello.hvt"
     s = session(kernel, mode, "--mem=64", args=("Hello_Solo5",))
     out = s.gdb("break solo5_app_main", "continue", "bt", "info registers", "continue")
     stdout, stderr, status = s.finish()
     assert re.search(r"Breakpoint 1, solo5_app_main \(si=.*\) at .*test_hello\.c:\d+", out), out
     assert re.search(r"^#0 +solo5_app_main \(", out, re.M), out
-    assert re.search(r"^#1 +0x[0-9a-f]+ in _start2? \(", out, re.M), out
+    assert re.search(r"^#1 +0x[0-9a-f]+ in (_start2?|rt_init) \(", out, re.M), out
     for register in ("rax", "rsp", "rip", "eflags", "cs", "fs_base"):
         assert re.search(rf"^{register}\s+0x[0-9a-f]+", out, re.M), (register, out)
     assert re.search(r"^rip\s+0x[0-9a-f]+\s+0x[0-9a-f]+ <solo5_app_main", out, re.M), out
