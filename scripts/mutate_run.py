@@ -70,17 +70,25 @@ def test_files(args: tuple[str, ...]) -> list[str]:
     return [a.split("::")[0] for a in args if a.startswith("tests/")]
 
 
-def cache_key(repo: Path, path: str, args: tuple[str, ...]) -> str:
+def cache_key(repo: Path, path: str) -> str:
+    """What a file's stored mutants depend on: its text and the operators."""
     digest = hashlib.sha256()
     digest.update((repo / path).read_bytes())
+    operators = ROOT / "scripts" / ("mutate_c.py" if is_c(path) else "mutate_py.py")
+    digest.update(operators.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def tests_key(repo: Path, args: tuple[str, ...]) -> str:
+    """What a result depends on besides the file: the tests' arguments and
+    text. A killed mutant stays killed when the tests change (tests are
+    added, the code is not); a survivor is run again."""
+    digest = hashlib.sha256(" ".join(args).encode())
     for name in sorted(set(test_files(args))):
         digest.update(name.encode())
         if (repo / name).exists():
             digest.update((repo / name).read_bytes())
-    digest.update(" ".join(args).encode())
-    operators = ROOT / "scripts" / ("mutate_c.py" if is_c(path) else "mutate_py.py")
-    digest.update(operators.read_bytes())
-    return digest.hexdigest()[:16]
+    return digest.hexdigest()[:12]
 
 
 def is_c(path: str) -> bool:
@@ -217,6 +225,7 @@ class FileRun:
     baseline_s: float | None = None
     baseline_error: str | None = None
     store: object = None  # cosmic-ray WorkDB or the C JSON path
+    tests_key: str = ""
 
     def count(self, outcome: str, equivalents: dict[str, str] | None = None) -> int:
         eq = equivalents or {}
@@ -230,7 +239,8 @@ class FileRun:
 def load_file(repo: Path, path: str, tests: tuple[str, ...], critical: bool) -> FileRun:
     """The file's mutants with what the cache already knows of them."""
     run = FileRun(path, tests, critical)
-    key = cache_key(repo, path, tests)
+    key = cache_key(repo, path)
+    run.tests_key = tests_key(repo, tests)
     slug = path.replace("/", "_")
     text = (repo / path).read_text()
     lines = text.split("\n")
@@ -241,8 +251,9 @@ def load_file(repo: Path, path: str, tests: tuple[str, ...], critical: bool) -> 
             mutant = Mutant(
                 m.id, path, m.line, m.operator, m.apply, m.before.strip(), m.after.strip()
             )
-            if m.id in known:
-                mutant.outcome, mutant.by = known[m.id]["outcome"], known[m.id]["by"]
+            entry = known.get(m.id)
+            if entry and (entry["outcome"] != SURVIVED or entry.get("tests") == run.tests_key):
+                mutant.outcome, mutant.by = entry["outcome"], entry["by"]
                 mutant.cached = True
             run.mutants.append(mutant)
         run.store = store
@@ -252,20 +263,43 @@ def load_file(repo: Path, path: str, tests: tuple[str, ...], critical: bool) -> 
         (CACHE / "py").mkdir(parents=True, exist_ok=True)
         db = mutate_py.session(CACHE / "py" / f"{slug}-{key}.sqlite", path, repo)
         done = mutate_py.results(db)
+        postponed = "from __future__ import annotations" in text
+        annotations = annotation_spans(text) if postponed else []
         for m in mutate_py.mutants(db, path, text):
+            if _inside(m.item.mutations[0].start_pos, annotations):
+                continue  # an annotation is never evaluated here (postponed): equivalent
             before = lines[m.line - 1].strip() if 0 < m.line <= len(lines) else ""
             mutant = Mutant(m.id, path, m.line, m.operator, m.apply, before)
             result = done.get(m.item.job_id)
             if result is not None:
-                mutant.outcome = (result.output or "").split("\n", 1)[0] or (
-                    SURVIVED if result.test_outcome == "survived" else KILLED
-                )
-                mutant.by = (result.output or "").split("\n", 1)[-1]
-                mutant.cached = True
+                head, _, by = (result.output or "").partition("\n")
+                outcome, _, key = head.partition(" ")
+                if outcome != SURVIVED or key == run.tests_key:
+                    mutant.outcome, mutant.by, mutant.cached = outcome, by, True
             mutant.item = m.item  # type: ignore[attr-defined]
             run.mutants.append(mutant)
         run.store = db
     return run
+
+
+def annotation_spans(text: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """(start, end) of every type annotation in a module, as (line, column)."""
+    import ast
+
+    spans = []
+    for node in ast.walk(ast.parse(text)):
+        notes = []
+        if isinstance(node, ast.arg | ast.AnnAssign) and node.annotation is not None:
+            notes.append(node.annotation)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns:
+            notes.append(node.returns)
+        for a in notes:
+            spans.append(((a.lineno, a.col_offset), (a.end_lineno, a.end_col_offset)))
+    return spans
+
+
+def _inside(pos: tuple[int, int], spans) -> bool:
+    return any(start <= tuple(pos) < end for start, end in spans)
 
 
 def save(run: FileRun, mutant: Mutant, diff: str) -> None:
@@ -273,7 +307,12 @@ def save(run: FileRun, mutant: Mutant, diff: str) -> None:
         path: Path = run.store  # type: ignore[assignment]
         path.parent.mkdir(parents=True, exist_ok=True)
         known = json.loads(path.read_text()) if path.exists() else {}
-        known[mutant.id] = {"outcome": mutant.outcome, "by": mutant.by, "after": mutant.after}
+        known[mutant.id] = {
+            "outcome": mutant.outcome,
+            "by": mutant.by,
+            "after": mutant.after,
+            "tests": run.tests_key,
+        }
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(known, indent=1, sort_keys=True))
         tmp.replace(path)
@@ -288,7 +327,7 @@ def save(run: FileRun, mutant: Mutant, diff: str) -> None:
     result = WorkResult(
         worker_outcome=WorkerOutcome.NORMAL,
         test_outcome=outcome,
-        output=f"{mutant.outcome}\n{mutant.by}",
+        output=f"{mutant.outcome} {run.tests_key}\n{mutant.by}",
         diff=diff,
     )
     run.store.set_result(mutant.item.job_id, result)  # type: ignore[attr-defined]
@@ -349,6 +388,7 @@ def execute(
     seed: str = "pyvmm",
     max_per_file: int | None = None,
     log: Callable[[str], None] = print,
+    only_ids: set[str] | None = None,
 ) -> tuple[list[FileRun], dict[str, str]]:
     """Run the files' mutants (cached ones free) until the budget in seconds
     would be passed; the runs and the known equivalents."""
@@ -390,7 +430,12 @@ def execute(
             cached = sum(m.cached for m in run.mutants)
             log(f"# {path}: {len(run.mutants)} mutants, {cached} known from the cache")
         queues = {
-            run.path: [m for m in order(run.mutants, seed) if m.outcome is None] for run in runs
+            run.path: [
+                m
+                for m in order(run.mutants, seed)
+                if m.outcome is None and (only_ids is None or m.id in only_ids)
+            ]
+            for run in runs
         }
         # Baselines, where there is something to run.
         for run in runs:

@@ -1,0 +1,104 @@
+"""Edges that the mutation run found untested in the hypercall handlers,
+the guest-memory accessor's Python side and the loader: a poll that times
+out with nothing ready, the stop eventfd in the fast path's poll set, a tap
+error on net_write and net_read, addresses at 2**64, an ELF file that is
+only its identification bytes, the largest MTU the manifest holds."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pyvmm._native import lib
+from pyvmm.devices.console import Console
+from pyvmm.devices.net.hypercalls import NetHypercalls
+from pyvmm.errors import GuestFault, LoaderError
+from pyvmm.hvt.hypercalls import Hypercalls
+from pyvmm.loader.elf import parse_elf
+from pyvmm.loader.manifest import NetAttachment
+from pyvmm.memory import GuestMemory
+
+MIB = 1 << 20
+ARG = 0x100000  # a hypercall's argument struct, above the low area
+
+
+@pytest.fixture
+def memory():
+    with GuestMemory(4 * MIB) as mem:
+        yield mem
+
+
+@pytest.fixture
+def calls(memory):
+    stop_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)  # not signalled
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        yield Hypercalls(memory, Console(null), [], stop_fd)
+    finally:
+        os.close(null)
+        os.close(stop_fd)
+
+
+def test_a_poll_that_times_out_with_nothing_ready_answers_ok_and_no_fault(memory, calls):
+    arg = memory.struct("struct hvt_hc_poll", ARG, what="test")
+    arg.timeout_nsecs = 0
+    arg.ready_set = 0xFF
+    arg.ret = -1
+    calls.poll(ARG)  # pyvmm_poll_until returns 0: a timeout, not a failure
+    arg = memory.struct("struct hvt_hc_poll", ARG, what="test")
+    assert (arg.ret, arg.ready_set) == (lib.HVT_RET_OK, 0)
+
+
+def test_the_stop_eventfd_is_no_device_in_the_fast_paths_poll_set(calls):
+    fp = calls.fast_path()
+    assert fp.n_poll == 1
+    assert fp.poll_fd[0] == calls.stop_fd
+    # A handle >= 0 would report the stop signal to the guest as that device.
+    assert fp.poll_handle[0] == -1
+
+
+class _BrokenTap:
+    max_frame = 1514
+
+    def write(self, frame) -> None:
+        raise OSError(5, "Input/output error")
+
+    def read_into(self, buf) -> int:
+        raise OSError(5, "Input/output error")
+
+
+def test_a_tap_error_is_eunspec_for_net_write_and_net_read(memory):
+    net = NetHypercalls(memory, {0: _BrokenTap()})
+    data = ARG + 0x1000
+    for name, number in (("net_write", lib.HVT_HYPERCALL_NET_WRITE), ("net_read", None)):
+        arg = memory.struct(f"struct hvt_hc_{name}", ARG, what="test")
+        arg.handle, arg.data, arg.len, arg.ret = 0, data, 64, -1
+        net.table()[number or lib.HVT_HYPERCALL_NET_READ](ARG)
+        arg = memory.struct(f"struct hvt_hc_{name}", ARG, what="test")
+        assert arg.ret == lib.HVT_RET_EUNSPEC, name
+
+
+@pytest.mark.parametrize(
+    "gpa, length", [(1 << 64, 1), ((1 << 64) + 8, 1), (0, 1 << 64), (0, (1 << 64) + 1)]
+)
+def test_addresses_and_lengths_from_2_to_the_64_are_outside_guest_memory(memory, gpa, length):
+    with pytest.raises(GuestFault, match="is outside guest memory"):
+        memory.check(gpa, length)
+
+
+def test_an_elf_file_of_only_its_16_identification_bytes_is_named_by_its_class():
+    ident = b"\x7fELF" + bytes([1, 1, 1]) + bytes(9)  # ELFCLASS32, 16 bytes in all
+    with pytest.raises(LoaderError, match="32-bit ELF file, need ELF64"):
+        parse_elf(ident, "tiny")
+    with pytest.raises(LoaderError, match="truncated ELF"):
+        parse_elf(ident[:15], "tiny")
+
+
+def test_the_manifest_holds_an_mtu_up_to_65535_and_no_more():
+    mac = b"\x02\x00\x00\x00\x00\x01"
+    assert NetAttachment(mac, 0xFFFF).mtu == 0xFFFF
+    assert NetAttachment(mac, 1).mtu == 1
+    for bad in (0, 0x10000):
+        with pytest.raises(ValueError, match="does not fit the manifest's u16"):
+            NetAttachment(mac, bad)
