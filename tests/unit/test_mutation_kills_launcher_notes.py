@@ -1,0 +1,28 @@
+"""Edges that the mutation run found untested in the launcher's request
+reader and the loader's notes: a head still open at exactly the limit is
+refused (one byte less waits for more), and every Solo5 ABI target has its
+own name."""
+
+from __future__ import annotations
+
+import pytest
+
+from pyvmm.loader.notes import AbiInfo
+from pyvmm.serve.http import MAX_HEAD, HttpError, RequestReader
+
+
+def test_a_head_still_open_at_max_head_bytes_is_refused_and_one_less_waits() -> None:
+    head = b"GET /v1/vms HTTP/1.1\r\nX-Pad: " + b"a" * MAX_HEAD
+    reader = RequestReader()
+    assert reader.feed(head[: MAX_HEAD - 1]) is None
+    with pytest.raises(HttpError, match=f"request head longer than {MAX_HEAD} bytes") as err:
+        RequestReader().feed(head[:MAX_HEAD])
+    assert err.value.status == 413
+
+
+@pytest.mark.parametrize(
+    "target, name",
+    [(1, "hvt"), (2, "spt"), (3, "virtio"), (4, "muen"), (5, "genode"), (6, "xen"), (7, "unknown")],
+)
+def test_each_solo5_abi_target_has_its_own_name(target: int, name: str) -> None:
+    assert AbiInfo(target=target, version=2).target_name == name
