@@ -17,7 +17,6 @@ a restored guest issues the same poll again, with the same timeout.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import time
@@ -43,6 +42,7 @@ from pyvmm.snapshot.format import (
     make_directory,
     pack_state,
     seal,
+    sha256,
     write_all,
     write_memory,
 )
@@ -64,7 +64,7 @@ def kernel_identity(kernel: Kernel) -> dict[str, Any]:
     SHA-256 of what was loaded from it (entry, every segment, every note),
     so a copy of the file elsewhere is the same kernel and an edited one
     is not."""
-    digest = hashlib.sha256()
+    digest = sha256()
     digest.update(kernel.entry.to_bytes(8, "little"))
     for seg in kernel.segments:
         digest.update(b"%d:%d:%d:" % (seg.paddr, seg.end, len(seg.data)))
