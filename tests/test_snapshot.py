@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 
 import pytest
 
-from conftest import GUESTS, ROOT, run_pyvmm
+from conftest import GUESTS, ROOT, popen_pyvmm, run_pyvmm
 from pyvmm.snapshot import format as snapshot_format
 
 pytestmark = pytest.mark.kvm
@@ -132,6 +133,23 @@ def test_a_run_that_never_waits_leaves_no_directory(tmp_path):
         MEM, "--snapshot-at=first-wait", f"--snapshot-dir={directory}", GUESTS / "hello.hvt"
     )
     assert result.returncode == 0, result.stderr
+    assert not directory.exists()
+
+
+def test_a_run_stopped_before_it_waits_leaves_no_directory(tmp_path):
+    directory = tmp_path / "s"
+    proc = popen_pyvmm(
+        MEM, "--snapshot-at=first-wait", f"--snapshot-dir={directory}", GUESTS / "spin.hvt"
+    )
+    try:
+        assert proc.stdout.readline() == "spinning\n"  # running, its directory made
+        assert directory.is_dir()
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM
     assert not directory.exists()
 
 
