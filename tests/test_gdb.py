@@ -387,6 +387,52 @@ def test_hostile_client_gets_errors_and_pyvmm_survives(tmp_path):
             pyvmm.communicate()
 
 
+def test_client_that_reads_nothing_cannot_hold_pyvmm_against_a_stop_signal(tmp_path):
+    """Requests whose replies fill the socket, never read: pyvmm waits for
+    room but a SIGTERM still ends it (status 143), as without gdb."""
+    pyvmm = popen_pyvmm("--cpl=0", "--gdb-port=0", guest("hello"))
+    try:
+        match = WAITING.match(pyvmm.stderr.readline())
+        assert match
+        client = RawClient(int(match.group(1).rsplit(":", 1)[1]))
+        client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        request = client.packet(b"m100000,2000")
+        client.sock.settimeout(None)
+        client.sock.setblocking(False)
+        sent = 0
+        try:
+            while sent < 4000:  # ~32 MiB of replies asked for
+                client.sock.send(request)
+                sent += 1
+        except BlockingIOError:
+            pass  # pyvmm stopped reading too: it is stuck on its own write
+        pyvmm.send_signal(signal.SIGTERM)
+        _, err = pyvmm.communicate(timeout=TIMEOUT)
+        assert pyvmm.returncode == 143, err
+        assert "Traceback" not in err, err
+    finally:
+        if pyvmm.poll() is None:
+            pyvmm.kill()
+            pyvmm.communicate()
+
+
+def test_stop_signal_while_waiting_for_gdb_removes_the_socket(tmp_path):
+    path = tmp_path / "gdb.sock"
+    pyvmm = popen_pyvmm("--cpl=0", f"--gdb-socket={path}", guest("hello"))
+    try:
+        assert WAITING.match(pyvmm.stderr.readline())
+        assert path.exists()
+        pyvmm.send_signal(signal.SIGTERM)
+        _, err = pyvmm.communicate(timeout=TIMEOUT)
+        assert pyvmm.returncode == 143, err
+        assert err.splitlines()[-1].startswith("pyvmm: stopped by SIGTERM"), err
+        assert not path.exists()
+    finally:
+        if pyvmm.poll() is None:
+            pyvmm.kill()
+            pyvmm.communicate()
+
+
 def test_client_that_goes_away_while_stopped_is_a_detach(tmp_path):
     pyvmm = popen_pyvmm("--cpl=0", "--gdb-port=0", guest("hello"))
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 
 from pyvmm._native import ffi, lib
 from pyvmm.errors import PyvmmError
@@ -66,6 +67,9 @@ class Connection:
     ends any wait here."""
 
     def __init__(self, fd: int, stop_fd: int) -> None:
+        # Non-blocking: a client that stops reading must not leave pyvmm
+        # asleep in write(), deaf to its stop signals (send_raw).
+        os.set_blocking(fd, False)
         self.fd = fd
         self.stop_fd = stop_fd
         self.acks = True
@@ -100,7 +104,7 @@ class Connection:
                 return False
         try:
             data = os.read(self.fd, 4096)
-        except InterruptedError:
+        except (InterruptedError, BlockingIOError):
             return True
         except OSError as err:
             raise Disconnected(f"gdb: reading from the client: {err.strerror}") from None
@@ -110,15 +114,28 @@ class Connection:
         return True
 
     def send_raw(self, data: bytes) -> None:
+        """Write all of ``data``, waiting for room; a stop signal meanwhile
+        ends the wait (the client is then treated as gone)."""
         view = memoryview(data)
+        waiter = None
         while view:
             try:
                 n = os.write(self.fd, view)
-            except InterruptedError:
-                continue
+            except (InterruptedError, BlockingIOError):
+                n = 0
             except OSError as err:
                 raise Disconnected(f"gdb: writing to the client: {err.strerror}") from None
             view = view[n:]
+            if view and not n:
+                if waiter is None:
+                    waiter = select.poll()
+                    waiter.register(self.fd, select.POLLOUT)
+                    waiter.register(self.stop_fd, select.POLLIN)
+                events = dict(waiter.poll())
+                if events.get(self.stop_fd):
+                    raise Disconnected("gdb: stopped while the client read nothing")
+                if events.get(self.fd, 0) & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
+                    raise Disconnected("gdb: the client closed the connection")
 
     def send(self, body: bytes) -> None:
         self._last_sent = frame(body)
