@@ -2,11 +2,11 @@
  * that survives a page gone from under it. */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <setjmp.h>
 #include <signal.h>
 #include <stddef.h>
 #include <string.h>
 
+#include "guard.h"
 #include "guestmem.h"
 #include "hvt_abi.h"
 
@@ -32,44 +32,41 @@ void *pyvmm_guestmem_at(const struct pyvmm_guestmem *m, uint64_t gpa, uint64_t l
 }
 
 /*
- * The guarded copy. Why a SIGBUS handler and not process_vm_readv or a
+ * The guard (guard.h). Why a SIGBUS handler and not process_vm_readv or a
  * pread of /proc/self/mem, which answer EFAULT by themselves: those are a
- * system call per copy (about a microsecond, on paths that copy a few
- * bytes), /proc/self/mem is a file to keep open (and one the sandbox
- * would have to let through), and the sandbox has no process_vm_readv.
- * A copy here costs a sigsetjmp that saves no signal mask (SA_NODEFER:
- * the handler leaves the mask as it found it), a store of this thread's
- * guard, and the memcpy.
+ * system call per copy (0.5 to 1.5 us here, on paths that copy a few
+ * bytes; the hypercall fast path would pay it per frame), /proc/self/mem
+ * is a file to keep open (and one the sandbox would have to let through),
+ * and the sandbox has no process_vm_readv. A guard costs a sigsetjmp that
+ * saves no signal mask (SA_NODEFER: the handler leaves the mask as it
+ * found it; about 12 ns here) and two stores of this thread's guard.
  */
-struct guard {
-    sigjmp_buf env;
-    uintptr_t lo[2], hi[2];   /* the source and destination ranges */
-};
 
-/* This thread's copy in progress. initial-exec: read in a signal handler,
- * where a lazily allocated TLS block (dlopen'ed code's default) could call
- * malloc. */
-static __thread struct guard *volatile current __attribute__((tls_model("initial-exec")));
+/* This thread's innermost guard. initial-exec: read in a signal handler,
+ * where a lazily allocated TLS block (dlopen'ed code's default) could
+ * call malloc. */
+static __thread struct pyvmm_guard *volatile current
+    __attribute__((tls_model("initial-exec")));
 static struct sigaction previous;
 static int guard_state;   /* 0: not installed, 1: being installed, 2: installed */
 
-static int inside(const struct guard *g, uintptr_t a)
+static int inside(const struct pyvmm_guard *g, uintptr_t a)
 {
     return (a >= g->lo[0] && a < g->hi[0]) || (a >= g->lo[1] && a < g->hi[1]);
 }
 
 static void on_sigbus(int sig, siginfo_t *si, void *context)
 {
-    struct guard *g = current;
+    struct pyvmm_guard *g = current;
 
     (void)context;
     if (g && si->si_code > 0 && inside(g, (uintptr_t)si->si_addr)) {
-        current = NULL;
+        current = g->outer;
         siglongjmp(g->env, 1);
     }
-    /* Not a guarded copy's: what would have happened without this handler
-     * (a fault runs its instruction again and faults again; a signal that
-     * was sent is sent again). */
+    /* Not a guarded access's: what would have happened without this
+     * handler (a fault runs its instruction again and faults again; a
+     * signal that was sent is sent again). */
     sigaction(SIGBUS, &previous, NULL);
     if (si->si_code <= 0)
         raise(sig);
@@ -96,29 +93,39 @@ static void install(void)
     __atomic_store_n(&guard_state, 2, __ATOMIC_RELEASE);
 }
 
+void pyvmm_guard_enter(struct pyvmm_guard *g, const void *a, uint64_t alen, const void *b,
+                       uint64_t blen)
+{
+    install();
+    g->lo[0] = (uintptr_t)a;
+    g->hi[0] = g->lo[0] + alen;
+    g->lo[1] = (uintptr_t)b;
+    g->hi[1] = g->lo[1] + blen;
+    /* A guard interrupted by a signal whose handler guards too (the image
+     * lease's) is back in force once that one leaves. */
+    g->outer = current;
+    __asm__ volatile("" ::: "memory");
+    current = g;
+    __asm__ volatile("" ::: "memory");
+}
+
+void pyvmm_guard_leave(struct pyvmm_guard *g)
+{
+    __asm__ volatile("" ::: "memory");
+    current = g->outer;
+}
+
 int pyvmm_copy_guarded(void *dst, const void *src, uint64_t len)
 {
-    struct guard g;
-    /* A copy interrupted by a signal whose handler copies too (the image
-     * lease's) keeps its guard. */
-    struct guard *volatile outer = current;
+    struct pyvmm_guard g;
 
     if (len == 0)
         return 0;
-    install();
-    g.lo[0] = (uintptr_t)src;
-    g.hi[0] = g.lo[0] + len;
-    g.lo[1] = (uintptr_t)dst;
-    g.hi[1] = g.lo[1] + len;
-    if (sigsetjmp(g.env, 0)) {
-        current = outer;
+    if (sigsetjmp(g.env, 0))
         return -EFAULT;
-    }
-    current = &g;
-    __asm__ volatile("" ::: "memory");
+    pyvmm_guard_enter(&g, src, len, dst, len);
     memcpy(dst, src, len);
-    __asm__ volatile("" ::: "memory");
-    current = outer;
+    pyvmm_guard_leave(&g);
     return 0;
 }
 

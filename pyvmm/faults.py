@@ -28,8 +28,8 @@ def fault(exit: VcpuExit, arch: Arch, vcpu: Vcpu, memory: GuestMemory) -> GuestF
     match exit:
         case MemoryFault() if (gone := memory.gone_page()) is not None:
             return GuestFault(
-                f"guest fault: KVM: guest memory at {gone:#x} is gone: the image file it "
-                f"was mapped from was truncated while the guest ran ({where})"
+                f"guest fault: KVM: guest memory at {gone:#x} is gone: the file it was "
+                f"mapped from was truncated while the guest ran ({where})"
             )
         case MemoryFault(gpa=gpa):
             at = f" at {gpa:#x}" if gpa is not None else ""

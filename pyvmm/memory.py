@@ -15,17 +15,20 @@ read-only) and the host's own set-up writes (``write()``,
 since a write there would kill pyvmm). A guest-supplied address never goes
 to a set-up write.
 
-Pages mapped from an image file lie only in read-only ranges, and such a
-page can be gone (the file truncated after its lease could not protect
-it: csrc/imagelease.h). Every copy here that may read one (``read()``, and
-``write()``'s source, which may be the loader's view of the file) goes
-through ``pyvmm_copy_guarded`` and becomes a one-line error, never a
-SIGBUS; ``buffer()`` hands guest bytes to system calls, which answer
-EFAULT instead.
+Guest memory may be mapped from a file (an image's read-only pages, a
+restored snapshot's whole memory), and such a page can be gone, its file
+truncated (csrc/guestmem.h). Every copy here that touches guest memory
+(``read()``, ``store()``, a ``GuestStruct``'s fields, and ``write()``,
+whose source may be the loader's view of the image) is guarded
+(``pyvmm_copy_guarded``) and becomes a one-line error, never a SIGBUS;
+``buffer()`` is for system calls, which answer EFAULT (a copy made
+through it in Python is not guarded); ``pointer()`` is for the IO
+thread's rings, in anonymous memory.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -80,7 +83,8 @@ class GuestMemory:
         self._ro: list[tuple[int, int]] = []
         self._ro_arrays: list[object] = []
         self._on_close: list[Callable[[], None]] = []
-        self._file_ranges: list[tuple[int, int]] = []  # map_file's (gpa, length)
+        # map_file's (gpa, length, file offset, a descriptor of the file).
+        self._file_ranges: list[tuple[int, int, int, int]] = []
 
     # -- lifetime ---------------------------------------------------------
     def close(self) -> None:
@@ -90,6 +94,9 @@ class GuestMemory:
             lib.pyvmm_lease_forget(self.host_addr, self.size)
             lib.pyvmm_unmap(self.host_addr, self.size)
             self.host_addr = 0
+            for *_, fd in self._file_ranges:
+                os.close(fd)
+            self._file_ranges = []
             callbacks, self._on_close = self._on_close, []
             for callback in callbacks:
                 callback()
@@ -145,11 +152,14 @@ class GuestMemory:
 
     # -- access on the guest's behalf ---------------------------------------
     def struct(self, ctype: str, gpa: int, *, what: str = "access", setup: bool = False):
-        """A cffi pointer to a ``ctype`` struct at ``gpa`` that the host may
-        write: on the guest's behalf, or with ``setup`` as the host's own
-        set-up (boot info) at an address pyvmm chose."""
-        access = lib.PYVMM_GM_SETUP if setup else lib.PYVMM_GM_WRITE
-        return ffi.cast(ctype + " *", self._checked(gpa, ffi.sizeof(ctype), access, what))
+        """The ``ctype`` struct at ``gpa``, which the host may write: on the
+        guest's behalf (a ``GuestStruct``, every field copied guarded), or
+        with ``setup`` as the host's own set-up (boot info) at an address
+        pyvmm chose (a cffi pointer: set-up memory is never a file's)."""
+        if setup:
+            ptr = self._checked(gpa, ffi.sizeof(ctype), lib.PYVMM_GM_SETUP, what)
+            return ffi.cast(ctype + " *", ptr)
+        return GuestStruct(self, ctype, gpa, what)
 
     def request(self, ctype: str, gpa: int, *, what: str = "access"):
         """A hypercall's argument struct, read once: ``(copy, guest)``.
@@ -157,12 +167,19 @@ class GuestMemory:
         ``copy`` is a private copy that the handler reads every request field
         from (the guest, or the IO thread when the struct lies in a ring area,
         may change guest memory while the handler runs; csrc/hcfast.c copies
-        the same way); ``guest`` is the checked pointer that only result
+        the same way); ``guest`` is the ``GuestStruct`` that only result
         fields are written through."""
-        guest = self.struct(ctype, gpa, what=what)
+        guest = GuestStruct(self, ctype, gpa, what)
         copy = ffi.new(ctype + " *")
-        ffi.memmove(copy, guest, ffi.sizeof(ctype))
+        guest.copy_to(copy)
         return copy, guest
+
+    def store(self, gpa: int, data, *, what: str = "access") -> None:
+        """Write ``data`` at ``gpa`` on the guest's behalf (a trap frame),
+        guarded as ``read()`` is."""
+        ptr = self._checked(gpa, len(data), lib.PYVMM_GM_WRITE, what)
+        if lib.pyvmm_copy_guarded(ptr, ffi.from_buffer(data), len(data)):
+            raise _gone(what, gpa, len(data))
 
     def pointer(self, gpa: int, length: int, *, write: bool = True, what: str = "access"):
         """A raw ``void *`` to [gpa, gpa+length), for C code (the IO thread)."""
@@ -180,10 +197,7 @@ class GuestMemory:
         self._checked(gpa, length, lib.PYVMM_GM_READ, what)
         out = bytearray(length)
         if lib.pyvmm_guestmem_read(self.view, ffi.from_buffer(out), gpa, length):
-            raise GuestFault(
-                f"guest fault: {what} at {gpa:#x}+{length:#x}: its pages are gone "
-                f"(the image file they were mapped from was truncated)"
-            )
+            raise _gone(what, gpa, length)
         return bytes(out)
 
     def read_cstring(self, gpa: int, limit: int, *, what: str = "string") -> bytes:
@@ -243,18 +257,20 @@ class GuestMemory:
         if err == lib.PYVMM_MAP_LOST:
             raise HostError(f"guest memory at {gpa:#x}+{length:#x} lost while mapping the image")
         if err == 0:
-            self._file_ranges.append((gpa, length))
+            # The file's own descriptor: gone_page asks its size.
+            self._file_ranges.append((gpa, length, offset, os.dup(fd)))
         return -err
 
     def gone_page(self) -> int | None:
-        """The first page mapped from a file (``map_file``) whose contents
-        are gone, its file truncated under the guest, or None: why KVM
-        could not map guest memory, when that is why."""
-        probe = ffi.new("uint8_t[1]")
-        for gpa, length in self._file_ranges:
-            for page in range(gpa, gpa + length, PAGE_SIZE):
-                if lib.pyvmm_guestmem_read(self.view, probe, page, 1):
-                    return page
+        """The first page mapped from a file (``map_file``) that the file
+        no longer has (truncated under the guest), or None: why KVM could
+        not map guest memory, when that is why."""
+        for gpa, length, offset, fd in self._file_ranges:
+            # lseek, not fstat: the sandbox lets no stat call through.
+            size = os.lseek(fd, 0, os.SEEK_END)
+            kept = -(-size // PAGE_SIZE) * PAGE_SIZE - offset
+            if kept < length:
+                return gpa + max(kept, 0)
         return None
 
     def protect(self, gpa: int, length: int, prot: Protection) -> None:
@@ -291,7 +307,67 @@ class GuestMemory:
         self.view.n_ro = len(merged)
 
 
-def _strerror(err: int) -> str:
-    import os
+class GuestStruct:
+    """A struct in guest memory that the host writes on the guest's behalf
+    (a hypercall's), each field read or written by a guarded copy: guest
+    memory mapped from a file can lose a page, which is then a GuestFault
+    rather than a SIGBUS. Fields by name, as a cffi pointer's."""
 
+    __slots__ = ("_memory", "_host", "_fields", "_gpa", "_what")
+
+    def __init__(self, memory: GuestMemory, ctype: str, gpa: int, what: str) -> None:
+        set_ = object.__setattr__
+        set_(self, "_memory", memory)
+        set_(self, "_host", memory._checked(gpa, ffi.sizeof(ctype), lib.PYVMM_GM_WRITE, what))
+        set_(self, "_fields", _fields_of(ctype))
+        set_(self, "_gpa", gpa)
+        set_(self, "_what", what)
+
+    def copy_to(self, dst) -> None:
+        """The whole struct into ``dst`` (a cffi pointer to the same type)."""
+        if lib.pyvmm_copy_guarded(dst, self._host, ffi.sizeof(dst[0])):
+            raise _gone(self._what, self._gpa, ffi.sizeof(dst[0]))
+
+    def _field(self, name: str):
+        try:
+            return self._fields[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __getattr__(self, name: str):
+        offset, ctype, size = self._field(name)
+        cell = ffi.new(ctype)
+        if lib.pyvmm_copy_guarded(cell, self._host + offset, size):
+            raise _gone(self._what, self._gpa + offset, size)
+        return cell[0]
+
+    def __setattr__(self, name: str, value) -> None:
+        offset, ctype, size = self._field(name)
+        cell = ffi.new(ctype, value)
+        if lib.pyvmm_copy_guarded(self._host + offset, cell, size):
+            raise _gone(self._what, self._gpa + offset, size)
+
+
+_FIELDS: dict[str, dict[str, tuple[int, object, int]]] = {}
+
+
+def _fields_of(ctype: str) -> dict[str, tuple[int, object, int]]:
+    """A struct's fields: name -> (offset, pointer type, size)."""
+    fields = _FIELDS.get(ctype)
+    if fields is None:
+        fields = _FIELDS[ctype] = {
+            name: (f.offset, ffi.getctype(f.type, "*"), ffi.sizeof(f.type))
+            for name, f in ffi.typeof(ctype).fields
+        }
+    return fields
+
+
+def _gone(what: str, gpa: int, length: int) -> GuestFault:
+    return GuestFault(
+        f"guest fault: {what} at {gpa:#x}+{length:#x}: its pages are gone "
+        f"(the file they were mapped from was truncated)"
+    )
+
+
+def _strerror(err: int) -> str:
     return os.strerror(err)

@@ -152,9 +152,10 @@ def test_a_forked_child_does_not_keep_the_lease(image: Path) -> None:
             os.close(ready_w)
 
 
-def in_child(body: str, image: Path) -> subprocess.CompletedProcess:
+def in_child(body: str, image: Path, *, writable: bool = False) -> subprocess.CompletedProcess:
     """``body`` run by a fresh interpreter with a truncated file mapped into
-    guest memory at BASE (no lease: nothing copies it first)."""
+    guest memory at BASE (no lease: nothing copies it first), read-only as
+    an image's text or, with ``writable``, as a restored snapshot's data."""
     prologue = f"""
         import os
         from pyvmm._native import ffi, lib
@@ -163,7 +164,7 @@ def in_child(body: str, image: Path) -> subprocess.CompletedProcess:
         memory = GuestMemory(4 << 20)
         fd = os.open({str(image)!r}, os.O_RDONLY)
         assert memory.map_file({BASE}, {4 * PAGE_SIZE}, fd, 0) == 0
-        memory.protect({BASE}, {4 * PAGE_SIZE}, Protection(write=False))
+        memory.protect({BASE}, {4 * PAGE_SIZE}, Protection(write={writable}))
         assert memory.read({BASE}, 16) == bytes(range(16))
         os.truncate({str(image)!r}, {PAGE_SIZE})
     """
@@ -188,7 +189,7 @@ def test_a_read_of_a_page_gone_is_a_guest_fault(image: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == (
         f"guest fault: puts hypercall at {BASE + PAGE_SIZE - 8:#x}+0x10: its pages are gone "
-        "(the image file they were mapped from was truncated)"
+        "(the file they were mapped from was truncated)"
     )
 
 
@@ -208,6 +209,34 @@ def test_a_set_up_copy_from_a_page_gone_is_an_error(image: Path) -> None:
         result.stdout.strip()
         == "kernel load: the bytes to copy are gone (their file was truncated)"
     )
+
+
+def test_a_hypercall_struct_on_a_page_gone_is_a_guest_fault(image: Path) -> None:
+    """Guest memory mapped from a file (a restored snapshot's is, all of
+    it) may hold a hypercall's struct: reading it, and writing its result,
+    are guarded copies."""
+    result = in_child(
+        f"""
+        from pyvmm.memory import GuestStruct
+        for gpa in ({BASE + PAGE_SIZE}, {BASE + PAGE_SIZE - 8}):
+            try:
+                memory.request("struct hvt_hc_net_read", gpa, what="net_read hypercall")
+            except GuestFault as e:
+                print(e)
+        copy, guest = memory.request("struct hvt_hc_poll", {BASE}, what="poll hypercall")
+        guest.ret = 7
+        print(isinstance(guest, GuestStruct), memory.read({BASE} + 16, 4) == bytes([7, 0, 0, 0]))
+        """,
+        image,
+        writable=True,
+    )
+    assert result.returncode == 0, result.stderr
+    gone = "its pages are gone (the file they were mapped from was truncated)"
+    assert result.stdout.splitlines() == [
+        f"guest fault: net_read hypercall at {BASE + PAGE_SIZE:#x}+0x20: {gone}",
+        f"guest fault: net_read hypercall at {BASE + PAGE_SIZE - 8:#x}+0x20: {gone}",
+        "True True",
+    ]
 
 
 def test_a_system_call_on_a_page_gone_answers_efault(image: Path) -> None:
