@@ -26,3 +26,16 @@ def test_a_head_still_open_at_max_head_bytes_is_refused_and_one_less_waits() -> 
 )
 def test_each_solo5_abi_target_has_its_own_name(target: int, name: str) -> None:
     assert AbiInfo(target=target, version=2).target_name == name
+
+
+def _whole_head(size: int) -> bytes:
+    start, end = b"GET /v1/vms HTTP/1.1\r\nX-Pad: ", b"\r\n\r\n"
+    return start + b"a" * (size - len(start) - len(end)) + end
+
+
+def test_a_whole_head_of_max_head_bytes_is_taken_and_one_byte_more_is_refused() -> None:
+    request = RequestReader().feed(_whole_head(MAX_HEAD))
+    assert request is not None and request.path == "/v1/vms"
+    with pytest.raises(HttpError, match="request head longer than") as err:
+        RequestReader().feed(_whole_head(MAX_HEAD + 1))
+    assert err.value.status == 413
