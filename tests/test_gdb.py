@@ -204,6 +204,27 @@ def test_faulting_guest_stops_in_gdb_at_the_fault(session, mode):
     assert status == 1, stderr
 
 
+def test_exception_stops_in_gdb_before_the_guests_handler(session):
+    """Deprivileged, a guest with its own trap handlers (Solo5's): gdb sees
+    the page fault at the faulting instruction first, then the guest's
+    handler takes it (Solo5's aborts: 255). At level 0 KVM gives no such
+    stop: the guest's handler runs at once."""
+    try:
+        build = solo5_build.ensure(log=lambda message: None)
+    except solo5_build.BuildError as err:
+        pytest.fail(f"Solo5 from the release archive: {err}")
+    s = session(build.hvt_tests / "test_zeropage.hvt", "--cpl=deprivileged", "--mem=64")
+    out = s.gdb("continue", "bt", "continue")
+    stdout, stderr, status = s.finish()
+    assert "Program received signal SIGSEGV, Segmentation fault." in out, out
+    assert re.search(
+        r"^#0 +0x[0-9a-f]+ in solo5_app_main \(.*\) at test_zeropage\.c:\d+", out, re.M
+    )
+    assert "[Inferior 1 (Remote target) exited with code 0377]" in out, out
+    assert "Solo5: trap: type=#PF" in stdout + stderr, stdout + stderr
+    assert status == 255, stderr
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_detach_lets_the_guest_run_on_without_breakpoints(session, mode):
     s = session(guest("gdbtarget"), mode)

@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 
 DEFAULT_PORT = 1234
 SIGINT, SIGTRAP, SIGSEGV = 2, 5, 11
+#: The signal gdb is told for an x86 exception (as Linux sends a process).
+EXCEPTION_SIGNALS = {0: 8, 4: 11, 5: 11, 6: 4, 7: 8, 12: 7, 13: 11, 14: 11, 16: 8, 17: 7, 19: 8}
 HW_SLOTS = 4
 INT3 = b"\xcc"
 RFLAGS_TF = 1 << 8
@@ -409,8 +411,15 @@ class GdbStub:
     def trap_stop(self, frame: Frame, vector: int, address: int) -> bool:
         """Deprivileged: the guest's #DB (vector 1) or int3 (3, ``address``
         the int3's) reached pyvmm's stub. True when it was the stub's:
-        ``frame`` then says where the guest goes on."""
+        ``frame`` then says where the guest goes on. Any other vector is an
+        exception on its way to the guest's handler: gdb sees it first
+        (False: the guest's handler gets it when gdb resumes)."""
         if not self.attached:
+            return False
+        if vector not in (1, 3):
+            self._halted()
+            signal = EXCEPTION_SIGNALS.get(vector, SIGSEGV)
+            self._stop(FrameView(frame), b"T%02xthread:01;" % signal)
             return False
         if vector == 3:
             if address not in self.breakpoints:

@@ -227,12 +227,21 @@ class TrapEmulator:
             if frame.rflags & RFLAGS_TF and not frame.debugged:  # a step over it ends
                 self._debugger(frame, DB, frame.rip)
         else:
-            self._deliver(frame, vector, frame.error_code, frame.rip)
+            self._exception(frame, vector)
         self._resume(frame)
         return True
 
     def counters(self) -> dict[str, int]:
         return dict(self.counts)
+
+    def _exception(self, frame: Frame, vector: int) -> None:
+        """A hardware exception for the guest's own handler. A debugger sees
+        it first (gdb stops at the faulting instruction, as for a process's
+        signal), where the guest has a handler: one without is a fault of
+        the run, which the run loop reports to the debugger itself."""
+        if self.debugger is not None and self.shadow.idt_limit >= vector * 16 + 15:
+            self.debugger(frame, vector, frame.rip)
+        self._deliver(frame, vector, frame.error_code, frame.rip)
 
     def _debugger(self, frame: Frame, vector: int, address: int) -> bool:
         if self.debugger is None or not self.debugger(frame, vector, address):
@@ -250,7 +259,7 @@ class TrapEmulator:
                 raise Unsupported(self._unsupported(frame, str(err))) from None
             # Not a privileged instruction pyvmm knows: a genuine #GP or #UD
             # (ud2, a non-canonical address) for the guest's own handler.
-            self._deliver(frame, frame.vector, frame.error_code, frame.rip)
+            self._exception(frame, frame.vector)
             return
         handler = getattr(self, f"_do_{insn.name}", None)
         frame.code = code[: insn.length]
