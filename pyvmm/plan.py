@@ -156,6 +156,8 @@ def _explain(config: VmConfig, plan: Plan, flavour: str) -> None:
         why = f"--cpl={config.cpl}"
     elif flavour != "pvm":
         why = f"--cpl=auto on a {flavour} host: level 0, as solo5-hvt"
+    elif caps.user_mode and config.gdb:
+        why = "--cpl=auto on a PVM host with --gdb: a debugger gets nothing in user mode"
     elif caps.user_mode:
         why = "--cpl=auto on a PVM host, and the guest declares user mode (pyvmm note)"
     else:

@@ -274,7 +274,7 @@ def test_auto_privilege_under_gdb_is_not_user_mode(session):
     assert "Breakpoint 1, solo5_app_main (" in out, out
     assert status == 0, stderr
     if kvm_flavour() == "pvm":
-        assert "privilege: deprivileged mode" in s.log, s.log
+        assert "privilege: deprivileged mode" in s.log and "with --gdb" in s.log, s.log
 
 
 @pytest.mark.parametrize(
