@@ -302,7 +302,7 @@ def test_a_truncation_no_lease_held_back_is_one_guest_fault_line(tmp_path: Path)
             os.kill(guest.pid, signal.SIGCONT)
         assert guest.end(stop=False) == 1, guest.err
     last = guest.err.decode().strip().splitlines()[-1]
-    assert "is gone: the image file it was mapped from was truncated" in last, guest.err
+    assert "is gone: the file it was mapped from was truncated" in last, guest.err
     assert b"some of its shared pages were already gone" in guest.err
 
 
