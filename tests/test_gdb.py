@@ -396,6 +396,12 @@ def test_hostile_client_gets_errors_and_pyvmm_survives(tmp_path):
         registers = client.ask(b"g")
         assert re.fullmatch(rb"[0-9a-fx]+", registers), registers[:80]
         assert int.from_bytes(bytes.fromhex(registers[256:272].decode()), "little") == 0x100000
+        # Registers written back whole (G) and one by one (P: rbx, number 1).
+        assert client.ask(b"G" + registers) == b"OK"
+        assert client.ask(b"g") == registers
+        assert client.ask(b"P1=efbeadde00000000") == b"OK"
+        assert client.ask(b"p1") == b"efbeadde00000000"
+        assert client.ask(b"P1=" + registers[16:32]) == b"OK"
         client.send(client.packet(b"k"))
         assert client.ack() == b"+"
         _, err = pyvmm.communicate(timeout=TIMEOUT)
