@@ -41,7 +41,7 @@ CPL_VALUES = ("auto", "0", "3", "deprivileged")
 SHM_VALUES = ("off", "poll", "event", "hybrid")
 LOG_LEVELS = ("error", "warning", "info", "debug")
 #: --snapshot-at's triggers (pyvmm/snapshot/writer.py).
-SNAPSHOT_TRIGGERS = ("first-wait",)
+SNAPSHOT_TRIGGERS = ("first-wait", "sigusr2")
 _HELP_COLUMN = 32
 #: --help fits a terminal of 80 columns.
 HELP_WIDTH = 80
@@ -363,10 +363,11 @@ OPTIONS: tuple[CliOption | object, ...] = (
     ),
     CliOption(
         ("--snapshot-at",),
-        "first-wait",
+        "first-wait|sigusr2",
         "write a snapshot of the guest to --snapshot-dir\n"
         "when it first waits (its first poll after\n"
-        "boot), then run on (docs/snapshots.md)",
+        "boot) or when pyvmm gets SIGUSR2, then run on\n"
+        "(docs/snapshots.md)",
         _set("snapshot_at", _choice(SNAPSHOT_TRIGGERS)),
         complete="|".join(SNAPSHOT_TRIGGERS),
     ),

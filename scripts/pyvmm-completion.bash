@@ -12,6 +12,7 @@ _pyvmm_values()
     case $key in
     --cpl) COMPREPLY=($(compgen -W "auto 0 3 deprivileged" -- "$cur")) ;;
     --shm) COMPREPLY=($(compgen -W "off poll event hybrid" -- "$cur")) ;;
+    --snapshot-at) COMPREPLY=($(compgen -W "first-wait sigusr2" -- "$cur")) ;;
     --log-level) COMPREPLY=($(compgen -W "error warning info debug" -- "$cur")) ;;
     --block|--dumpcore|--gdb-socket|--snapshot-dir|--restore|--stats-json|--trace) COMPREPLY=($(compgen -f -- "$cur")) ;;
     --net) COMPREPLY=($(compgen -W "$(ls /sys/class/net 2>/dev/null)" -- "$cur")) ;;

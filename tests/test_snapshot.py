@@ -153,6 +153,51 @@ def test_a_run_stopped_before_it_waits_leaves_no_directory(tmp_path):
     assert not directory.exists()
 
 
+def test_a_sigusr2_snapshot_during_a_wait_restores_to_the_same_end(resume, tmp_path):
+    """SIGUSR2 stops the vCPU between two exits, in the C fast path's wait:
+    the restored guest waits out the rest and ends as a run never stopped."""
+    whole = run_pyvmm(MEM, resume, "4096", "1")
+    assert whole.returncode == 0, whole.stderr
+    directory = tmp_path / "s"
+    proc = popen_pyvmm(
+        MEM,
+        "--snapshot-at=sigusr2",
+        f"--snapshot-dir={directory}",
+        "--snapshot-stop",
+        resume,
+        "4096",
+        "5000",
+    )
+    try:
+        first = proc.stdout.readline()  # its wait of 5 s has begun
+        proc.send_signal(signal.SIGUSR2)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err
+    assert first + out == whole.stdout.split("\n", 1)[0] + "\n"
+    assert err == f"pyvmm: snapshot written to {directory}; the run ends there (--snapshot-stop)\n"
+    restored = run_pyvmm(f"--restore={directory}")
+    assert restored.returncode == 0, restored.stderr
+    assert first + restored.stdout == whole.stdout.replace("args: 4096 1", "args: 4096 5000")
+
+
+def test_sigusr2_is_not_both_gdbs_kick_and_the_trigger(resume, tmp_path):
+    line = one_line(
+        run_pyvmm(
+            MEM,
+            "--gdb-socket",
+            tmp_path / "gdb.sock",
+            "--snapshot-at=sigusr2",
+            f"--snapshot-dir={tmp_path / 's'}",
+            resume,
+        )
+    )
+    assert "not with --gdb" in line
+    assert not (tmp_path / "s").exists()
+
+
 def reseal(directory, change) -> None:
     """Change the metadata and give it a valid checksum again: a snapshot
     made by someone else, not a damaged one."""

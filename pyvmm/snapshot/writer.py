@@ -13,18 +13,22 @@ blocks. The snapshot is of the guest just before that hypercall: the out
 instruction is completed in KVM (KVM_RUN with immediate_exit, as KVM's
 documentation asks before state is read) and rip is set back onto it, so
 a restored guest issues the same poll again, with the same timeout.
+``--snapshot-at=sigusr2`` takes it between two exits instead, wherever the
+guest is, when SIGUSR2 comes (``_watch_signal``).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from pyvmm import trace
 from pyvmm._native import ffi, lib
-from pyvmm.errors import GuestFault, UsageError
+from pyvmm.errors import GuestFault, PyvmmError, UsageError
 from pyvmm.hvt.hypercalls import Halt
 from pyvmm.kvm import Interrupted
 from pyvmm.loader import DeviceType
@@ -53,7 +57,10 @@ if TYPE_CHECKING:
     from pyvmm.plan import Plan
     from pyvmm.vmm import Vmm
 
-TRIGGERS = ("first-wait",)
+TRIGGERS = ("first-wait", "sigusr2")
+#: What interrupts KVM_RUN on the vCPU's thread for a SIGUSR2 snapshot (a
+#: handler that does nothing; SIGUSR2 itself is taken by sigwait).
+KICK = signal.SIGRTMIN + 5
 #: The hypercall instruction: ``outl %eax, (%dx)`` (hvt's ports are above
 #: 0xff, so never the imm8 form).
 OUT_EAX_DX = 0xEF
@@ -87,13 +94,27 @@ def check_snapshottable(config: VmConfig, plan: Plan) -> None:
         )
 
 
+class SnapshotStop(PyvmmError):
+    """--snapshot-stop after a snapshot taken between two exits: the run
+    ends there, with status 0 (one line says so)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"snapshot written to {path}; the run ends there (--snapshot-stop)")
+        self.exit_status = 0
+
+
 class SnapshotTarget:
     """The snapshot directory of one run, prepared before the sandbox."""
 
-    def __init__(self, path: str, stop: bool) -> None:
+    def __init__(self, path: str, stop: bool, trigger: str = "first-wait") -> None:
         self.path = path
         self.stop = stop
+        self.trigger = trigger
         self.taken = False
+        self.requested = False  # SIGUSR2 came
+        self._lock = threading.Lock()
+        self._closing = False
+        self._watcher: threading.Thread | None = None
         self._sweeper = -1  # the pipe to sweeper.py, under the sandbox
         self.dir_fd = make_directory(path)
         self.fds: dict[str, int] = {}
@@ -109,7 +130,14 @@ class SnapshotTarget:
     @classmethod
     def prepare(cls, config: VmConfig, plan: Plan) -> SnapshotTarget:
         check_snapshottable(config, plan)
-        target = cls(config.snapshot_dir, config.snapshot_stop)
+        if config.snapshot_at == "sigusr2":
+            if config.gdb:
+                raise UsageError("--snapshot-at=sigusr2: not with --gdb (its kick is SIGUSR2)")
+            if threading.current_thread() is not threading.main_thread():
+                raise UsageError(
+                    "--snapshot-at=sigusr2: only where the guest runs on the main thread"
+                )
+        target = cls(config.snapshot_dir, config.snapshot_stop, config.snapshot_at)
         try:
             os.ftruncate(target.fds[MEMORY], plan.mem_size)  # all holes until written
             if config.sandbox:
@@ -152,6 +180,13 @@ class SnapshotTarget:
     def close(self) -> None:
         """Close the files; a directory never filled is removed (by the
         sweeper under the sandbox, at the end of its pipe)."""
+        if self._watcher is not None:
+            with self._lock:
+                self._closing = True
+            if self._watcher.is_alive():
+                signal.pthread_kill(self._watcher.ident, signal.SIGUSR2)  # out of its sigwait
+                self._watcher.join()
+            self._watcher = None
         for fd in self.fds.values():
             os.close(fd)
         self.fds = {}
@@ -179,7 +214,12 @@ class SnapshotTarget:
 
     # -- the trigger -----------------------------------------------------------
     def arm(self, vmm: Vmm) -> None:
-        """Take the snapshot at the guest's first poll hypercall."""
+        """Take the snapshot at the guest's first poll hypercall, or when
+        SIGUSR2 comes."""
+        if self.trigger == "sigusr2":
+            self._vmm = vmm
+            self._watch_signal(vmm)
+            return
         table = vmm.hypercalls.table
         poll = table[lib.HVT_HYPERCALL_POLL]
 
@@ -194,14 +234,66 @@ class SnapshotTarget:
 
     def wrap_run(self, run):
         """vcpu.run without the C fast path until the snapshot is taken
-        (it would answer the poll that triggers it)."""
+        (it would answer the poll that triggers it); for SIGUSR2, vcpu.run
+        that takes the snapshot at the exit the kick causes."""
+        if self.trigger == "sigusr2":
+            return self._on_kick(run)
 
         def until_taken(fast_path):
             return run(fast_path if self.taken else None)
 
         return until_taken
 
+    def _watch_signal(self, vmm: Vmm) -> None:
+        """SIGUSR2 blocked in every thread (this one, and all started
+        after it) and taken by sigwait on a thread of its own, which then
+        kicks the vCPU: immediate_exit, and KICK to the vCPU's thread."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+        signal.signal(KICK, _ignore)
+        vcpu_thread = threading.get_ident()
+        vcpu = vmm.vcpu
+
+        def watch() -> None:
+            signal.sigwait({signal.SIGUSR2})
+            with self._lock:
+                if self._closing:
+                    return
+                self.requested = True
+            while True:  # until the vCPU thread has taken it (or the run ends)
+                with self._lock:
+                    if self.taken or self._closing:
+                        return
+                    vcpu.set_immediate_exit(True)
+                signal.pthread_kill(vcpu_thread, KICK)
+                time.sleep(0.01)
+
+        self._watcher = threading.Thread(target=watch, name="pyvmm-snapshot", daemon=True)
+        self._watcher.start()
+
+    def _on_kick(self, run):
+        vmm = self._vmm
+
+        def run_and_take(fast_path):
+            exit = run(fast_path)
+            if type(exit) is Interrupted and self.requested and not lib.pyvmm_stop_signal():
+                with self._lock:
+                    if not self.taken:
+                        vmm.vcpu.set_immediate_exit(False)
+                        self._take_between_exits(vmm)
+                if self.stop:
+                    raise SnapshotStop(self.path)
+            return exit
+
+        return run_and_take
+
     # -- the snapshot ----------------------------------------------------------
+    def _take_between_exits(self, vmm: Vmm) -> None:
+        """The snapshot at an exit KVM_RUN returned with EINTR: every
+        operation complete, the guest between two instructions."""
+        trace.mark("snapshot: the guest stopped (SIGUSR2)")
+        state = cpu_state.capture(vmm.vcpu)
+        self._finish(vmm, state, time.monotonic())
+
     def take(self, vmm: Vmm) -> None:
         started = time.monotonic()
         trace.mark("snapshot: the guest at its first wait")
@@ -222,6 +314,9 @@ class SnapshotTarget:
         if not at_out:
             raise SnapshotError(f"snapshot: the guest is not at a hypercall (rip {rip:#x})")
         state["regs"] = cpu_state.with_rip(state["regs"], rip)
+        self._finish(vmm, state, started)
+
+    def _finish(self, vmm: Vmm, state: dict[str, bytes], started: float) -> None:
         try:
             pages = self._write(vmm, state)
         except OSError as err:
@@ -303,3 +398,7 @@ def metadata(
         "cpu_state": {"file": CPU_STATE, "sha256": checksum(packed), "size": len(packed)},
         "memory": {"file": MEMORY, "size": plan.mem_size, "pages": pages},
     }
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """KICK's handler: its only work is interrupting KVM_RUN."""
