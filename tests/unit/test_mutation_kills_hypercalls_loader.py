@@ -102,3 +102,76 @@ def test_the_manifest_holds_an_mtu_up_to_65535_and_no_more():
     for bad in (0, 0x10000):
         with pytest.raises(ValueError, match="does not fit the manifest's u16"):
             NetAttachment(mac, bad)
+
+
+def test_net_read_into_read_only_memory_is_a_guest_fault(memory):
+    from pyvmm.memory import Protection
+
+    memory.protect(0x200000, 0x1000, Protection(read=True, write=False, execute=True))
+
+    class _Tap:
+        max_frame = 1514
+
+        def read_into(self, buf) -> int:
+            buf[:4] = b"\x01\x02\x03\x04"
+            return 4
+
+    net = NetHypercalls(memory, {0: _Tap()})
+    arg = memory.struct("struct hvt_hc_net_read", ARG, what="test")
+    arg.handle, arg.data, arg.len = 0, 0x200000, 64
+    with pytest.raises(GuestFault, match="read-only memory"):
+        net.table()[lib.HVT_HYPERCALL_NET_READ](ARG)
+    assert memory.read(0x200000, 4) == bytes(4)
+
+
+def test_poll_reports_a_ready_tap_by_its_handle(memory):
+    import socket
+
+    from pyvmm.devices import kinds
+    from pyvmm.devices.net.device import NetDevice
+    from pyvmm.devices.net.tap import TapBackend
+
+    host_end, guest_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    stop_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        guest_end.setblocking(False)
+        nets = [
+            NetDevice(
+                f"net{h}", h, TapBackend(os.dup(guest_end.fileno()), f"t{h}", 1500), b"\2" * 6
+            )
+            for h in (1,)
+        ]
+        net_kind = next(k for k in kinds() if k.type.name == "NET")
+        calls = Hypercalls(memory, Console(null), [(net_kind, n) for n in nets], stop_fd)
+        arg = memory.struct("struct hvt_hc_poll", ARG, what="test")
+        arg.timeout_nsecs = 0
+        calls.poll(ARG)
+        assert memory.struct("struct hvt_hc_poll", ARG, what="test").ready_set == 0
+        host_end.send(b"x" * 60)  # a frame waits: the tap's fd is readable
+        calls.poll(ARG)
+        arg = memory.struct("struct hvt_hc_poll", ARG, what="test")
+        assert (arg.ret, arg.ready_set) == (lib.HVT_RET_OK, 1 << 1)
+    finally:
+        os.close(null)
+        os.close(stop_fd)
+        host_end.close()
+        guest_end.close()
+
+
+def test_validated_manifest_records_cannot_be_changed_afterwards():
+    """An MTU or an entry changed after its checks ran would skip them."""
+    import dataclasses
+
+    from pyvmm.loader import manifest
+
+    for cls in (
+        manifest.ManifestEntry,
+        manifest.NetAttachment,
+        manifest.BlockAttachment,
+        manifest.Manifest,
+    ):
+        assert cls.__dataclass_params__.frozen, cls
+    attachment = NetAttachment(b"\x02\x00\x00\x00\x00\x01", 1500)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        attachment.mtu = 0x10000
