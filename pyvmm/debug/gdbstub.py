@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from pyvmm._native import ffi, lib
 from pyvmm.debug import gdbregs
+from pyvmm.debug.gdbviews import FaultView, FrameView, VcpuView
 from pyvmm.debug.rsp import MAX_PACKET, Connection, Disconnected, StopRequested, escape
 from pyvmm.errors import GuestFault, HostError, PyvmmError, UsageError
 from pyvmm.sizes import PAGE_SIZE
@@ -52,7 +53,6 @@ SIGINT, SIGTRAP, SIGSEGV = 2, 5, 11
 EXCEPTION_SIGNALS = {0: 8, 4: 11, 5: 11, 6: 4, 7: 8, 12: 7, 13: 11, 14: 11, 16: 8, 17: 7, 19: 8}
 HW_SLOTS = 4
 INT3 = b"\xcc"
-RFLAGS_TF = 1 << 8
 DR6_BS = 1 << 14
 _E_BAD, _E_FAULT, _E_NOSPC = "E01", "E0e", "E1c"
 _WAKE_NS = 3600 * 10**9
@@ -89,100 +89,6 @@ class _Resume(Exception):
 
 class _Detach(Exception):
     """gdb detached (or went away): the guest runs on without it."""
-
-
-# -- register views -----------------------------------------------------------
-class VcpuView:
-    """The guest's registers are the vCPU's (level 0; deprivileged at its
-    start or when interrupted in its own code)."""
-
-    def __init__(self, vcpu: Vcpu) -> None:
-        self.vcpu = vcpu
-
-    def read(self) -> dict[str, int]:
-        from pyvmm.debug.regs import vcpu_registers
-
-        return vcpu_registers(self.vcpu)
-
-    def write(self, values: dict[str, int]) -> None:
-        from pyvmm.arch.x86_64.cpu import get_regs, get_sregs, set_regs, set_sregs
-
-        regs = get_regs(self.vcpu)
-        for name, value in values.items():
-            if name == "eflags":
-                regs.rflags = (value & 0x3F7FD7) | 2
-            elif hasattr(regs, name):
-                setattr(regs, name, value)
-        set_regs(self.vcpu, regs)
-        bases = {k: v for k, v in values.items() if k in ("fs_base", "gs_base")}
-        if bases:
-            sregs = get_sregs(self.vcpu)
-            for name, value in bases.items():
-                getattr(sregs, name[:2]).base = value
-            set_sregs(self.vcpu, sregs)
-
-    def set_trap_flag(self, on: bool) -> None:
-        flags = self.read()["eflags"]
-        self.write({"eflags": flags | RFLAGS_TF if on else flags & ~RFLAGS_TF})
-
-
-class FrameView:
-    """Deprivileged, stopped in pyvmm's trap stub: rip, rsp, rflags, cs and
-    ss are the CPU's frame on the trap stack (the emulator's ``Frame``,
-    written back when the stub returns), the other registers the vCPU's."""
-
-    def __init__(self, frame: Frame) -> None:
-        self.frame = frame
-
-    def read(self) -> dict[str, int]:
-        frame = self.frame
-        regs, sregs = frame.regs, frame.sregs
-        out = {name: getattr(regs, name) for name in gdbregs.BY_NAME if hasattr(regs, name)}
-        out |= {"rip": frame.rip, "rsp": frame.rsp, "eflags": frame.rflags}
-        out |= {"cs": frame.cs, "ss": frame.ss}
-        for seg in ("ds", "es", "fs", "gs"):
-            out[seg] = getattr(sregs, seg).selector
-        out["fs_base"], out["gs_base"] = sregs.fs.base, sregs.gs.base
-        return out
-
-    def write(self, values: dict[str, int]) -> None:
-        frame = self.frame
-        for name, value in values.items():
-            if name == "rip":
-                frame.rip = value
-            elif name == "rsp":
-                frame.rsp = value
-            elif name == "eflags":
-                frame.rflags = (value & 0x3F7FD7) | 2
-            elif name in ("fs_base", "gs_base"):
-                getattr(frame.sregs, name[:2]).base = value
-                frame.sregs_dirty = True
-            elif hasattr(frame.regs, name):
-                setattr(frame.regs, name, value)
-                frame.regs_dirty = True
-
-    def set_trap_flag(self, on: bool) -> None:
-        if on:
-            self.frame.rflags |= RFLAGS_TF
-        else:
-            self.frame.rflags &= ~RFLAGS_TF
-
-
-class FaultView:
-    """A faulted guest: its registers as the fault report reads them; it
-    cannot run on, so writes are refused."""
-
-    def __init__(self, values: dict[str, int]) -> None:
-        self.values = values
-
-    def read(self) -> dict[str, int]:
-        return dict(self.values)
-
-    def write(self, values: dict[str, int]) -> None:
-        raise GuestFault("the guest faulted: its registers are read-only")
-
-    def set_trap_flag(self, on: bool) -> None:
-        """Nothing: a faulted guest does not run again."""
 
 
 # -- the stub -------------------------------------------------------------------
