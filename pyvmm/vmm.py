@@ -230,6 +230,8 @@ class Vmm:
         endpoint = Endpoint(port=port, path=config.gdb_socket)
         self.gdb = GdbStub(endpoint, plan.mode, self.vcpu, self.memory, self.stop_fd)
         self.stack.callback(self.gdb.close)
+        if config.user:
+            self.gdb.give_socket_to(config.user)
         if self.exit_handler is not None and hasattr(self.exit_handler, "debugger"):
             self.exit_handler.debugger = self.gdb.trap_stop
 

@@ -460,6 +460,19 @@ def test_stop_signal_while_waiting_for_gdb_removes_the_socket(tmp_path):
             pyvmm.communicate()
 
 
+def test_socket_belongs_to_the_user_the_run_ends_as(tmp_path, session):
+    """--user=nobody: the socket is nobody's (connecting needs write permission on it)."""
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    s = session(guest("gdbtarget"), "--cpl=0", "--user=nobody")
+    assert (s.socket.stat().st_uid, s.socket.stat().st_gid) == (nobody.pw_uid, nobody.pw_gid)
+    out = s.gdb("continue")
+    _, stderr, status = s.finish()
+    assert "[Inferior 1 (Remote target) exited with code 01]" in out, out
+    assert status == 1, stderr
+
+
 def test_client_that_goes_away_while_stopped_is_a_detach(tmp_path):
     pyvmm = popen_pyvmm("--cpl=0", "--gdb-port=0", guest("hello"))
     try:

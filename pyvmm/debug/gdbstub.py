@@ -151,6 +151,22 @@ class GdbStub:
             raise HostError(f"{what}: cannot listen on {ep}: {err.strerror}") from None
         self.listener = sock
 
+    def give_socket_to(self, user: str) -> None:
+        """--user: a Unix socket belongs to the user the run ends as (who
+        runs gdb; connecting needs write permission on the socket)."""
+        import pwd
+
+        if self.endpoint.path is None:
+            return
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            return  # --user itself reports it
+        try:
+            os.chown(self.endpoint.path, entry.pw_uid, entry.pw_gid)
+        except OSError as err:
+            raise HostError(f"--gdb-socket: cannot give it to {user}: {err.strerror}") from None
+
     def accept(self, kernel: str) -> None:
         """Wait for gdb (before the filter and the guest's first
         instruction); a stop signal ends the wait."""
