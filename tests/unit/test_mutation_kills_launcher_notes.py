@@ -39,3 +39,12 @@ def test_a_whole_head_of_max_head_bytes_is_taken_and_one_byte_more_is_refused() 
     with pytest.raises(HttpError, match="request head longer than") as err:
         RequestReader().feed(_whole_head(MAX_HEAD + 1))
     assert err.value.status == 413
+
+
+def test_a_blank_head_sent_in_two_pieces_is_refused_at_once() -> None:
+    """The terminator is found from the first byte on, however it is cut."""
+    reader = RequestReader()
+    assert reader.feed(b"\r\n\r") is None
+    with pytest.raises(HttpError) as err:
+        reader.feed(b"\n")
+    assert err.value.status == 400
