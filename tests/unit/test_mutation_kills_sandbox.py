@@ -1,14 +1,19 @@
 """Edges of the seccomp filter's builder (csrc/sandbox.c) that the mutation
 run found untested: a program larger than the caller's buffer is -ENOSPC,
-not a silent empty filter, and building leaves no descriptor behind."""
+not a silent empty filter, building leaves no descriptor behind, and the
+self-test calls the syscalls by their numbers in the kernel headers."""
 
 from __future__ import annotations
 
 import errno
 import os
+import re
+from pathlib import Path
+
+import pytest
 
 from pyvmm._native import ffi, lib
-from pyvmm.sandbox import ALLOW
+from pyvmm.sandbox import _SYSCALLS, ALLOW
 
 
 def _build(size: int) -> int:
@@ -31,3 +36,20 @@ def test_building_leaves_no_descriptor_open() -> None:
     for _ in range(20):
         assert _build(lib.PYVMM_SANDBOX_PROG_MAX) > 0
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+HEADERS = {
+    "x86_64": Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),
+    "aarch64": Path("/usr/include/asm-generic/unistd.h"),  # arm64 uses the generic table
+}
+
+
+@pytest.mark.parametrize("arch", sorted(HEADERS))
+def test_the_self_tests_syscall_numbers_are_the_kernel_headers(arch: str) -> None:
+    """The numbers the self-test calls by (for both architectures, also the
+    one this host is not) against the kernel's own headers."""
+    text = HEADERS[arch].read_text()
+    for name, number in _SYSCALLS[arch].items():
+        found = re.search(rf"^#define __NR_{name}\s+(\d+)\s*$", text, re.M)
+        assert found, (arch, name)
+        assert int(found.group(1)) == number, (arch, name)
