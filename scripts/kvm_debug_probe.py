@@ -7,7 +7,7 @@ For each mode pyvmm runs a guest in (0, user mode at 3, deprivileged), sets
 up the guest as a run would, then asks KVM_SET_GUEST_DEBUG for a single
 step and, separately, for a hardware execution breakpoint (DR0) at the
 instruction the single step reached, runs the vCPU and prints the exits:
-a KVM_EXIT_DEBUG (``UnknownExit(reason=4)`` to pyvmm's decoder) is what a
+a KVM_EXIT_DEBUG (``Debug(...)`` from pyvmm's decoder) is what a
 GDB stub needs; anything else means the debug exception went to the guest
 (a shutdown at level 3 with no IDT, or pyvmm's trap stub's port in
 deprivileged mode: 0xc1 for #DB, 0xc3 for #BP).

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from pyvmm.memory import GuestMemory
 
 DEFAULT_PORT = 1234
-SIGINT, SIGTRAP, SIGSEGV = 2, 5, 11
+SIGINT, SIGSEGV = 2, 11
 #: The signal gdb is told for an x86 exception (as Linux sends a process).
 EXCEPTION_SIGNALS = {0: 8, 4: 11, 5: 11, 6: 4, 7: 8, 12: 7, 13: 11, 14: 11, 16: 8, 17: 7, 19: 8}
 HW_SLOTS = 4
