@@ -48,3 +48,10 @@ def test_a_blank_head_sent_in_two_pieces_is_refused_at_once() -> None:
     with pytest.raises(HttpError) as err:
         reader.feed(b"\n")
     assert err.value.status == 400
+
+
+@pytest.mark.parametrize("header", ["X-Pad : 1", " X-Pad: 1", ": 1", "X-Pad 1"])
+def test_a_header_name_with_blanks_or_none_or_no_colon_is_refused(header: str) -> None:
+    with pytest.raises(HttpError, match="malformed header line") as err:
+        RequestReader().feed(f"GET /v1/vms HTTP/1.1\r\n{header}\r\n\r\n".encode())
+    assert err.value.status == 400
