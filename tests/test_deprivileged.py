@@ -85,7 +85,7 @@ def test_an_unemulated_privileged_instruction_ends_the_run_in_one_line():
     assert len(message) == 1, dep.stderr
     assert re.fullmatch(
         r"pyvmm: guest fault: privileged instruction pyvmm does not emulate \(mov_to_cr\): "
-        r"bytes 0f 22 d8 at rip=0x[0-9a-f]+; run it with --cpl=0",
+        r"bytes 0f 22 d8 at rip=0x[0-9a-f]+ at solo5_app_main\+0x[0-9a-f]+; run it with --cpl=0",
         message[0],
     )
 

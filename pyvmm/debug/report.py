@@ -61,7 +61,10 @@ def annotate(err: GuestFault, vcpu: Vcpu, memory: GuestMemory, symbols: SymbolFi
             return
         where = name(symbols, regs["rip"])
         if where is not None:
-            err.args = (f"{err} at {where}", *err.args[1:])
+            # Before a hint ("...; run it with --cpl=0"): the place belongs
+            # to the fault, not to the advice.
+            fault, sep, hint = str(err).partition("; ")
+            err.args = (f"{fault} at {where}{sep}{hint}", *err.args[1:])
         if log.isEnabledFor(INFO):
             for i, address in enumerate(backtrace(memory, regs["rip"], regs["rbp"])):
                 at = name(symbols, address, caller=i > 0)
