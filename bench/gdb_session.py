@@ -12,6 +12,11 @@ without a debugger (solo5-hvt-debug's: solo5-hvt-debug without --gdb), which
 is the tender's own start and exit. solo5-hvt-debug listens
 on every address, so the whole bench runs in a network namespace of its
 own (``unshare -n``, only its loopback up), which ends with it.
+
+A second table runs the same session on pyvmm's compute guest
+(guests/bin/compute.hvt, a checksum over --compute-kib KiB, which
+solo5-hvt-debug runs too): there the guest's own instructions count, which
+kvm_pvm emulates at level 0 and runs natively deprivileged.
 """
 
 from __future__ import annotations
@@ -44,10 +49,10 @@ def listening(port: int) -> bool:
     return False
 
 
-def session(tender: list[str], kernel: Path) -> float:
+def session(tender: list[str], kernel: Path, args: list[str], expect: str) -> float:
     started = time.monotonic()
     proc = subprocess.Popen(
-        [*tender, str(kernel), "Hello_Solo5"],
+        [*tender, str(kernel), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -62,21 +67,22 @@ def session(tender: list[str], kernel: Path) -> float:
     gdb = subprocess.run([*argv, str(kernel)], capture_output=True, text=True, timeout=600)
     out, _ = proc.communicate(timeout=600)
     elapsed = time.monotonic() - started
-    if "Breakpoint 1, solo5_app_main" not in gdb.stdout or "Hello, World" not in out:
+    if "Breakpoint 1, solo5_app_main" not in gdb.stdout or expect not in out:
         raise SystemExit(f"{tender[0]}: the session failed:\n{gdb.stdout}{gdb.stderr}{out}")
     return elapsed
 
 
-def plain(tender: list[str], kernel: Path) -> float:
+def plain(tender: list[str], kernel: Path, args: list[str]) -> float:
     """The same run without a debugger (the tender's own start and exit)."""
     started = time.monotonic()
-    subprocess.run([*tender, str(kernel), "Hello_Solo5"], capture_output=True, timeout=600)
+    subprocess.run([*tender, str(kernel), *args], capture_output=True, timeout=600)
     return time.monotonic() - started
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--compute-kib", type=int, default=1024)
     args = parser.parse_args()
     if os.environ.get(_INNER) != "1":  # into a network namespace of its own
         env = dict(os.environ, **{_INNER: "1"})
@@ -87,7 +93,6 @@ def main() -> int:
     from scripts import solo5_build
 
     build = solo5_build.ensure(log=lambda message: None)
-    kernel = build.hvt_tests / "test_hello.hvt"
     pyvmm = [sys.executable, "-m", "pyvmm", "--mem=64"]
     gdb_port = ["--gdb", f"--gdb-port={PORT}"]
     tenders = {  # name: (the tender, its debugging options)
@@ -95,16 +100,24 @@ def main() -> int:
         "pyvmm --cpl=0": ([*pyvmm, "--cpl=0"], gdb_port[1:]),
         "pyvmm --cpl=deprivileged": ([*pyvmm, "--cpl=deprivileged"], gdb_port[1:]),
     }
+    kernels = [  # the kernel, its arguments, what its output must hold
+        (build.hvt_tests / "test_hello.hvt", ["Hello_Solo5"], "Hello, World"),
+        (ROOT / "guests/bin/compute.hvt", [str(args.compute_kib)], "SUCCESS"),
+    ]
     print(
         f"# {platform.machine()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
-        f"KVM {kvm_flavour()}; {kernel.name}, median of {args.runs} runs"
+        f"KVM {kvm_flavour()}; median of {args.runs} runs"
     )
-    print(f"{'tender':28} {'gdb session':>12} {'run without gdb':>16}")
-    for name, (tender, debug) in tenders.items():
-        times = [session([*tender, *debug], kernel) for _ in range(args.runs)]
-        alone = [plain(tender, kernel) for _ in range(args.runs)]
-        median, without = statistics.median(times) * 1000, statistics.median(alone) * 1000
-        print(f"{name:28} {median:9.0f} ms {without:13.0f} ms")
+    for kernel, kernel_args, expect in kernels:
+        print(f"\n{kernel.name} {' '.join(kernel_args)}")
+        print(f"{'tender':28} {'gdb session':>12} {'run without gdb':>16}")
+        for name, (tender, debug) in tenders.items():
+            times = [
+                session([*tender, *debug], kernel, kernel_args, expect) for _ in range(args.runs)
+            ]
+            alone = [plain(tender, kernel, kernel_args) for _ in range(args.runs)]
+            median, without = statistics.median(times) * 1000, statistics.median(alone) * 1000
+            print(f"{name:28} {median:9.0f} ms {without:13.0f} ms")
     return 0
 
 
