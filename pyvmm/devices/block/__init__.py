@@ -46,7 +46,8 @@ class BlockKind:
         Option(
             "block",
             "PATH",
-            "attach block device NAME to PATH (a file or\na host block device, or @FD: one already\n"
+            "attach block device NAME to PATH (a file or\n"
+            "a host block device, or @FD: one already\n"
             "open read-write), locked while the guest runs",
             attaches=True,
             complete="file",
