@@ -6,6 +6,7 @@ v1 path on the real one under containerd)."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 
@@ -336,3 +337,50 @@ def test_a_directory_that_cannot_be_made_is_one_line(cgroup_root, tree):
 def test_the_root_cgroup_is_refused(cgroup_root, tree):
     with pytest.raises(CgroupError, match="is the root cgroup"):
         cgroups.create("/", Resources(), root=tree.root)
+
+
+# -- the native front end's summary ----------------------------------------------
+
+
+def _state(dirs: dict[str, str]) -> dict:
+    return {
+        "id": "c1",
+        "pid": 42,
+        "start_time": "1234",
+        "bundle": "/b",
+        "rootfs": "/b/rootfs",
+        "created": "2026-01-01T00:00:00+00:00",
+        "annotations": {"a": "x\ny"},
+        "link": None,
+        "cgroup": {"version": 1, "dirs": dirs, "made": sorted(set(dirs.values())), "path": "/p"},
+    }
+
+
+def test_create_s_summary_for_the_native_front_end(tmp_path):
+    from pyvmm.oci.runtime import Container
+
+    container = Container(str(tmp_path), "c1")
+    os.mkdir(container.dir)
+    container.save_native(_state({"cpu": "/cg/cpu/p", "pids": "/cg/pids/p"}))
+    lines = (tmp_path / "c1" / "native").read_text().splitlines()
+    assert lines[:7] == [
+        "pyvmm-oci-native 1",
+        "pid 42 1234",
+        "net 0",
+        "leaf /cg/cpu/p",
+        "leaf /cg/pids/p",
+        "made /cg/cpu/p",
+        "made /cg/pids/p",
+    ]
+    assert lines[7].startswith("state {") and len(lines) == 8  # the annotation's newline escaped
+    assert json.loads(lines[7][6:])["annotations"] == {"a": "x\ny"}
+    assert oct(os.stat(tmp_path / "c1" / "native").st_mode & 0o777) == "0o600"
+
+
+def test_a_cgroup_path_with_a_newline_leaves_every_call_to_python(tmp_path):
+    from pyvmm.oci.runtime import Container
+
+    container = Container(str(tmp_path), "c1")
+    os.mkdir(container.dir)
+    container.save_native(_state({"cpu": "/cg/cpu/a\nleaf /etc"}))
+    assert not (tmp_path / "c1" / "native").exists()
