@@ -55,3 +55,21 @@ def test_a_header_name_with_blanks_or_none_or_no_colon_is_refused(header: str) -
     with pytest.raises(HttpError, match="malformed header line") as err:
         RequestReader().feed(f"GET /v1/vms HTTP/1.1\r\n{header}\r\n\r\n".encode())
     assert err.value.status == 400
+
+
+def test_a_body_of_max_body_bytes_is_awaited_and_one_byte_more_refused() -> None:
+    from pyvmm.serve.http import MAX_BODY
+
+    assert MAX_BODY == 1 << 20  # the documented limit (docs/serve.md, docs/security.md)
+    head = "POST /v1/vms HTTP/1.1\r\nContent-Length: {}\r\n\r\n"
+    assert RequestReader().feed(head.format(MAX_BODY).encode()) is None
+    with pytest.raises(HttpError, match=f"request body longer than {MAX_BODY} bytes") as err:
+        RequestReader().feed(head.format(MAX_BODY + 1).encode())
+    assert err.value.status == 413
+
+
+def test_a_malformed_request_line_is_quoted_to_80_characters() -> None:
+    line = "GET " + "x" * 200
+    with pytest.raises(HttpError) as err:
+        RequestReader().feed(f"{line}\r\n\r\n".encode())
+    assert str(err.value) == f"malformed request line: {line[:80]!r}"
