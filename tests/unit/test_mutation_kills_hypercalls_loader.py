@@ -175,3 +175,13 @@ def test_validated_manifest_records_cannot_be_changed_afterwards():
     attachment = NetAttachment(b"\x02\x00\x00\x00\x00\x01", 1500)
     with pytest.raises(dataclasses.FrozenInstanceError):
         attachment.mtu = 0x10000
+
+
+@pytest.mark.parametrize("past_end, missing", [(8, 0), (-56 - 8, 1)])
+def test_a_program_header_table_past_the_end_names_the_first_missing_header(past_end, missing):
+    from pathlib import Path
+
+    data = bytearray((Path(__file__).resolve().parents[2] / "guests/bin/hello.hvt").read_bytes())
+    data[0x20:0x28] = (len(data) + past_end).to_bytes(8, "little")  # e_phoff
+    with pytest.raises(LoaderError, match=rf"program header {missing} past end of file"):
+        parse_elf(bytes(data), "cut")
