@@ -1,0 +1,41 @@
+"""An edge of the OCI bundle parser that the mutation run found untested:
+a bundle that names no network namespace, or one by its path, asks for no
+new one (only a network entry without a path does)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from conftest import guest
+from pyvmm.oci.bundle import read_bundle
+
+
+def _bundle(tmp_path, namespaces):
+    dest = tmp_path / "rootfs" / "unikernel" / "kernel.hvt"
+    dest.parent.mkdir(parents=True)
+    shutil.copy(guest("hello"), dest)
+    spec = {
+        "ociVersion": "1.0.2",
+        "root": {"path": "rootfs"},
+        "process": {"args": []},
+        "linux": {"namespaces": namespaces},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(spec))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "namespaces, new",
+    [
+        ([], False),
+        ([{"type": "pid"}, {"type": "mount"}], False),
+        ([{"type": "network", "path": "/var/run/netns/pod"}], False),
+        ([{"type": "network"}], True),
+    ],
+)
+def test_only_a_network_entry_without_a_path_asks_for_a_new_namespace(tmp_path, namespaces, new):
+    with read_bundle(_bundle(tmp_path, namespaces)) as kernel:
+        assert kernel.new_netns is new
