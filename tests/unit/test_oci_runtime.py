@@ -116,13 +116,13 @@ def test_written_files_are_root_s_only_whatever_the_umask(tmp_path):
 
 def test_the_documented_binary_name_is_where_the_set_up_links_the_command():
     """docs/orchestration.md's BinaryName and --runc-binary are the path
-    scripts/setup puts pyvmm-oci at (its virtual environment's script,
+    scripts/setup puts pyvmm-oci at (the native front end pyvmm/_oci,
     linked into PYVMM_BIN_DIR, by default /usr/local/bin)."""
     top = os.path.join(os.path.dirname(__file__), "..", "..")
     with open(os.path.join(top, "scripts", "setup")) as f:
         setup = f.read()
     assert "bin_dir=${PYVMM_BIN_DIR:-/usr/local/bin}" in setup
-    assert 'ln -sfn "$PYVMM_VENV/bin/pyvmm-oci" "$bin_dir/pyvmm-oci"' in setup
+    assert 'ln -sfn "$PWD/pyvmm/_oci" "$bin_dir/pyvmm-oci"' in setup
     with open(os.path.join(top, "docs", "orchestration.md")) as f:
         docs = f.read()
     assert 'BinaryName = "/usr/local/bin/pyvmm-oci"' in docs
