@@ -429,6 +429,10 @@ def execute(
             runs.append(run)
             cached = sum(m.cached for m in run.mutants)
             log(f"# {path}: {len(run.mutants)} mutants, {cached} known from the cache")
+        if only_ids:
+            known = {m.id for run in runs for m in run.mutants}
+            for missing in sorted(only_ids - known):
+                log(f"# {missing}: no such mutant in the file as it is now")
         queues = {
             run.path: [
                 m
