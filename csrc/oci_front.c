@@ -401,8 +401,13 @@ static void signal_cgroup(const struct container *c, int signum)
 
 static int cmd_kill(struct container *c, int signum, int all)
 {
-    if (!alive(c) || kill((pid_t)c->pid, signum) != 0)
+    if (!alive(c))
         return refuse("container not running");
+    if (kill((pid_t)c->pid, signum) != 0) {
+        if (errno == ESRCH)
+            return refuse("container not running");
+        return refuse("[Errno %d] %s", errno, strerror(errno)); /* as Python's OSError */
+    }
     if (all)
         signal_cgroup(c, signum);
     return 0;

@@ -913,3 +913,45 @@ def test_the_native_front_end_says_what_the_python_runtime_says(tmp_path, comman
         assert all(x["level"] == "error" and x["time"].endswith("+00:00") for x in lines)
     assert seen[0] == seen[1]
     assert seen[0][0] == 1 and seen[0][2].startswith("pyvmm-oci: ")
+
+
+def test_the_native_front_end_answers_about_a_created_container_as_python_does(tmp_path):
+    """state, ps, and kill with signal 0 or one the kernel refuses, on a
+    container waiting for start: the same status, output and stderr."""
+    bundle = tmp_path / "bundle"
+    (bundle / "rootfs" / "unikernel").mkdir(parents=True)
+    shutil.copy(guest("spin"), bundle / "rootfs" / "unikernel" / "kernel.hvt")
+    config = {"ociVersion": "1.0.2", "process": {"args": []}, "root": {"path": "rootfs"}}
+    (bundle / "config.json").write_text(json.dumps(config))
+    root = str(tmp_path / "root")
+    python = [sys.executable, "-m", "pyvmm.oci", "--root", root]
+    with open(tmp_path / "create.out", "w") as out:  # not a pipe: the container keeps it
+        done = subprocess.run(
+            [*python, "create", "--bundle", str(bundle), "--pid-file", str(tmp_path / "pid"), "w1"],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            timeout=60,
+        )
+    try:
+        assert done.returncode == 0, (tmp_path / "create.out").read_text()
+        for command in (["state", "w1"], ["ps", "w1"], ["ps", "-f", "json", "w1"]):
+            answers = [
+                subprocess.run([*r, *command], capture_output=True, text=True, timeout=60)
+                for r in ([native_runtime(), "--root", root], python)
+            ]
+            seen = [(a.returncode, a.stdout, a.stderr) for a in answers]
+            if command[0] == "state":  # the same object, not the same spacing
+                seen = [(rc, json.loads(out), err) for rc, out, err in seen]
+            assert seen[0] == seen[1], command
+        for signal_ in ("0", "99"):
+            answers = [
+                subprocess.run([*r, "kill", "w1", signal_], capture_output=True, text=True)
+                for r in ([native_runtime(), "--root", root], python)
+            ]
+            seen = [(a.returncode, a.stderr) for a in answers]
+            assert seen[0] == seen[1], signal_
+        assert answers[0].stderr == "pyvmm-oci: [Errno 22] Invalid argument\n"
+    finally:
+        subprocess.run([native_runtime(), "--root", root, "delete", "--force", "w1"], timeout=60)
+    assert os.listdir(root) == []
