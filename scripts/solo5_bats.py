@@ -23,8 +23,9 @@ a network namespace this script makes with what Solo5's
 tests/setup-tests.sh creates on a host: tap100 (10.0.0.1/24), tap101
 (10.1.0.1/24) and tap102 (up, MTU 9000). tests.bats' flood pings run
 inside it with the tenders; nothing is sent outside it, and it is removed
-afterwards, also on failure or Ctrl-C. ``BATS_TMPDIR`` (the block images,
-test_dumpcore's core) is inside the temporary directory.
+afterwards, also on failure, Ctrl-C or SIGTERM/SIGHUP (status 128 + N).
+``BATS_TMPDIR`` (the block images, test_dumpcore's core) is inside the
+temporary directory.
 
 The TAP output is printed as it comes, then one summary line::
 
@@ -40,9 +41,11 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,6 +63,37 @@ HVT_FILTER = " hvt$"
 #: A hang guard for the whole suite: each case has tests.bats' own 60 s.
 SUITE_TIMEOUT = 3600.0
 TAP_LINE = re.compile(r"^(ok|not ok) (\d+) (.*?)(?: # skip(?: (.*))?)?$")
+
+
+class Stopped(BaseException):
+    """A stop signal (SIGTERM, SIGHUP) raised where the script is, so the
+    namespace and the temporary tree are removed on the way out."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+_MAIN_PID = os.getpid()
+
+
+def _on_stop(signum: int, frame: object) -> None:
+    if os.getpid() != _MAIN_PID:
+        # A forked child that inherited the handler (pyroute2 forks one per
+        # namespace operation and ends it with SIGTERM): it must die as
+        # without one, never run the script's clean-up as if it were it.
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    raise Stopped(signum)
+
+
+def _kill_session(proc: subprocess.Popen[str]) -> None:
+    """The hang guard: bats and everything it started (its own session)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 class BatsError(Exception):
@@ -196,11 +230,22 @@ def run_bats(bats: str, tests: Path, bats_tmp: Path, regex: str) -> tuple[int, l
             text=True,
             start_new_session=True,
         )
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            print(line, end="", flush=True)
-            lines.append(line.rstrip("\n"))
-        status = proc.wait(timeout=SUITE_TIMEOUT)
+        guard = threading.Timer(SUITE_TIMEOUT, _kill_session, (proc,))
+        guard.daemon = True
+        guard.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                print(line, end="", flush=True)
+                lines.append(line.rstrip("\n"))
+            status = proc.wait()
+        finally:
+            guard.cancel()
+            if proc.poll() is None:
+                _kill_session(proc)
+                proc.wait()
+    if status == -signal.SIGKILL:
+        raise BatsError(f"bats still running after {SUITE_TIMEOUT:.0f} s: stopped")
     return status, lines
 
 
@@ -252,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except Stopped as stop:
+        print(f"{PROG}: stopped by signal {stop.signum}", file=sys.stderr)
+        return 128 + stop.signum
     summary = parse_tap(lines)
     print(f"{PROG}: {summary.line(name)}", flush=True)
     if summary.planned < 0 or summary.run != summary.planned:
@@ -261,4 +309,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    for stop_signal in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop_signal, _on_stop)
     sys.exit(main())

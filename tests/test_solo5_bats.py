@@ -39,6 +39,15 @@ KNOWN_FAILURES = {"xnow hvt"}
 AT_LEAST = 23  # of the 24 hvt cases tests.bats runs on Linux
 
 
+def fake_bats(where: Path, body: str) -> Path:
+    """A ``bats`` that does ``body`` instead of running tests.bats."""
+    where.mkdir(exist_ok=True)
+    fake = where / "bats"
+    fake.write_text(f"#!/bin/sh\n{body}\n")
+    fake.chmod(0o755)
+    return fake
+
+
 def bats_run(*args: str) -> tuple[int, str, str]:
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "solo5_bats.py"), *args],
@@ -108,13 +117,41 @@ def test_the_namespace_and_the_copy_are_gone_afterwards(pyvmm_run):
 
 def test_namespace_removed_when_bats_cannot_run(tmp_path):
     """A bats that fails at once still leaves no namespace or tree behind."""
-    fake = tmp_path / "bats"
-    fake.write_text("#!/bin/sh\necho 'not a TAP stream'\nexit 3\n")
-    fake.chmod(0o755)
+    fake = fake_bats(tmp_path, "echo 'not a TAP stream'; exit 3")
     before = temp_trees()
     with unittest.mock.patch.object(solo5_bats, "ensure_bats", return_value=str(fake)):
         status = solo5_bats.main(["--tender", "pyvmm"])
     assert status == 1
+    assert our_namespaces() == []
+    assert temp_trees() - before == set()
+
+
+def test_sigterm_removes_the_namespace_and_the_copy(tmp_path):
+    """SIGTERM while bats runs: status 143, one line, nothing left."""
+    import os
+    import signal
+    import time
+
+    fake = fake_bats(tmp_path / "bin", f"touch {tmp_path}/started; echo 1..1; exec sleep 600")
+    before = temp_trees()
+    env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "solo5_bats.py")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for _ in range(600):  # until bats runs inside the namespace (a hang guard)
+        if (tmp_path / "started").exists() or proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert (tmp_path / "started").exists(), proc.communicate(timeout=60)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, (out, err)
+    assert err.strip().splitlines()[-1] == "solo5-bats: stopped by signal 15", err
     assert our_namespaces() == []
     assert temp_trees() - before == set()
 
