@@ -268,6 +268,8 @@ def load_file(repo: Path, path: str, tests: tuple[str, ...], critical: bool) -> 
         for m in mutate_py.mutants(db, path, text):
             if _inside(m.item.mutations[0].start_pos, annotations):
                 continue  # an annotation is never evaluated here (postponed): equivalent
+            if _keyword_marker(lines, m.item.mutations[0].start_pos):
+                continue  # def f(a, *, b) -> def f(a, /, b): callers pass b by name either way
             before = lines[m.line - 1].strip() if 0 < m.line <= len(lines) else ""
             mutant = Mutant(m.id, path, m.line, m.operator, m.apply, before)
             result = done.get(m.item.job_id)
@@ -296,6 +298,13 @@ def annotation_spans(text: str) -> list[tuple[tuple[int, int], tuple[int, int]]]
         for a in notes:
             spans.append(((a.lineno, a.col_offset), (a.end_lineno, a.end_col_offset)))
     return spans
+
+
+def _keyword_marker(lines: list[str], pos) -> bool:
+    """Whether ``pos`` is the bare ``*`` that starts keyword-only parameters."""
+    row, col = pos
+    line = lines[row - 1] if 0 < row <= len(lines) else ""
+    return bool(re.match(r"\*\s*[,)]", line[col:]))
 
 
 def _inside(pos: tuple[int, int], spans) -> bool:
