@@ -483,6 +483,7 @@ def execute(
                 done_here[run.path] += 1
                 progress = True
                 mark = "  " if mutant.outcome != SURVIVED else "!!"
+                mark = "==" if mutant.outcome == SURVIVED and mutant.id in equivalents else mark
                 log(f"{mark} {mutant.outcome:9} {mutant.id}  {mutant.after[:70]}  {mutant.by[:60]}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
