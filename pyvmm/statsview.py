@@ -444,7 +444,11 @@ class StatsOutput:
             self._saved_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
             self._spawn(self._usr1_loop, "pyvmm-sigusr1")
         if self.interval is not None:
-            self._spawn(self._tick, "pyvmm-stats")
+            # The first row's baseline is taken here, before the guest runs:
+            # taken by the new thread, it could come after counters the
+            # first row must show (frames the tap dropped meanwhile, say).
+            first = self.sample()
+            self._spawn(lambda: self._tick(first), "pyvmm-stats")
 
     def print_summary(self) -> None:
         """The counters so far, in the human form (what SIGUSR1 prints)."""
@@ -458,8 +462,8 @@ class StatsOutput:
         thread.start()
         self._threads.append(thread)
 
-    def _tick(self) -> None:
-        view = LiveView(self.sample())
+    def _tick(self, first: Snapshot) -> None:
+        view = LiveView(first)
         while not self._stop.wait(self.interval):
             began = trace.now() if trace.enabled else 0
             now = self.sample()
