@@ -473,8 +473,9 @@ class TrapEmulator:
         if error_code is not None:
             words.append(error_code)
         new_rsp = (rsp - 8 * len(words)) & _MASK64
-        buf = self.memory.buffer(new_rsp, 8 * len(words), write=True, what=f"{name} frame")
-        buf[:] = struct.pack(f"<{len(words)}Q", *reversed(words))
+        # Guarded: the stack may be a page of a restored snapshot's file.
+        frame_bytes = struct.pack(f"<{len(words)}Q", *reversed(words))
+        self.memory.store(new_rsp, frame_bytes, what=f"{name} frame")
         if kind == GATE_INTERRUPT:
             shadow.interrupts = False
         frame.rflags &= ~(RFLAGS_TF | RFLAGS_NT | RFLAGS_RF | RFLAGS_VM)
