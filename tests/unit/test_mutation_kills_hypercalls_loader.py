@@ -185,3 +185,44 @@ def test_a_program_header_table_past_the_end_names_the_first_missing_header(past
     data[0x20:0x28] = (len(data) + past_end).to_bytes(8, "little")  # e_phoff
     with pytest.raises(LoaderError, match=rf"program header {missing} past end of file"):
         parse_elf(bytes(data), "cut")
+
+
+def test_a_shown_name_escapes_the_backslash_and_nothing_printable_else():
+    from pyvmm.loader.manifest import _shown
+
+    assert _shown(b"a\\b[c]~") == "a\\x5cb[c]~"
+    assert _shown(b"\x1f\x7f ") == "\\x1f\\x7f "
+
+
+def test_the_manifest_holds_a_block_size_up_to_65535_and_no_more():
+    from pyvmm.loader.manifest import BlockAttachment
+
+    assert BlockAttachment(0, 0xFFFF).block_size == 0xFFFF
+    for bad in (0, 0x10000):
+        with pytest.raises(ValueError, match="does not fit the manifest's u16"):
+            BlockAttachment(0, bad)
+
+
+def test_a_poll_timeout_past_int64_is_clamped_not_an_overflow(memory):
+    stop_fd = os.eventfd(1, os.EFD_CLOEXEC | os.EFD_NONBLOCK)  # ready: no wait
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        calls = Hypercalls(memory, Console(null), [], stop_fd)
+        for timeout in ((1 << 63) - 1, 1 << 63, (1 << 64) - 1):
+            arg = memory.struct("struct hvt_hc_poll", ARG, what="test")
+            arg.timeout_nsecs, arg.ret = timeout, -1
+            calls.poll(ARG)
+            assert memory.struct("struct hvt_hc_poll", ARG, what="test").ret == lib.HVT_RET_OK
+    finally:
+        os.close(null)
+        os.close(stop_fd)
+
+
+def test_a_file_past_the_size_limit_is_named_with_its_size_in_mib(tmp_path):
+    from pyvmm.loader.kernel import MAX_FILE_SIZE, MIB, _read_file
+
+    big = tmp_path / "big.hvt"
+    with open(big, "wb") as f:
+        f.truncate(MAX_FILE_SIZE + 1)  # sparse: no disk used
+    with pytest.raises(LoaderError, match=rf"file is {(MAX_FILE_SIZE + 1) // MIB} MiB, too large"):
+        _read_file(str(big))

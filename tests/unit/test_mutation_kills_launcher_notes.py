@@ -73,3 +73,15 @@ def test_a_malformed_request_line_is_quoted_to_80_characters() -> None:
     with pytest.raises(HttpError) as err:
         RequestReader().feed(f"{line}\r\n\r\n".encode())
     assert str(err.value) == f"malformed request line: {line[:80]!r}"
+
+
+def test_every_reason_phrase_is_the_standard_one() -> None:
+    from http import HTTPStatus
+
+    from pyvmm.serve.http import REASONS
+
+    # 413's name changed with the RFCs (2616, 7231, 9110) and with Python.
+    renamed = {413: {"Request Entity Too Large", "Payload Too Large", "Content Too Large"}}
+    for status, phrase in REASONS.items():
+        assert phrase in renamed.get(status, {HTTPStatus(status).phrase}), status
+    assert {503, 504} <= set(REASONS)
