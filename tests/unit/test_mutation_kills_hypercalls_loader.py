@@ -187,7 +187,7 @@ def test_a_program_header_table_past_the_end_names_the_first_missing_header(past
         parse_elf(bytes(data), "cut")
 
 
-def test_a_shown_name_escapes_the_backslash_and_nothing_printable_else():
+def test_a_manifest_name_is_shown_with_the_backslash_escaped_and_nothing_printable_else():
     from pyvmm.loader.manifest import _shown
 
     assert _shown(b"a\\b[c]~") == "a\\x5cb[c]~"
