@@ -214,6 +214,7 @@ class Mutant:
     outcome: str | None = None  # killed, survived, stillborn; None: not run
     by: str = ""
     cached: bool = False
+    stale: bool = False  # survived against tests that have changed since: to run again
 
 
 @dataclass
@@ -255,6 +256,8 @@ def load_file(repo: Path, path: str, tests: tuple[str, ...], critical: bool) -> 
             if entry and (entry["outcome"] != SURVIVED or entry.get("tests") == run.tests_key):
                 mutant.outcome, mutant.by = entry["outcome"], entry["by"]
                 mutant.cached = True
+            elif entry:
+                mutant.stale = True
             run.mutants.append(mutant)
         run.store = store
     else:
@@ -278,6 +281,8 @@ def load_file(repo: Path, path: str, tests: tuple[str, ...], critical: bool) -> 
                 outcome, _, key = head.partition(" ")
                 if outcome != SURVIVED or key == run.tests_key:
                     mutant.outcome, mutant.by, mutant.cached = outcome, by, True
+                else:
+                    mutant.stale = True
             mutant.item = m.item  # type: ignore[attr-defined]
             run.mutants.append(mutant)
         run.store = db
@@ -492,8 +497,9 @@ def execute(
 
 def table(runs: list[FileRun], equivalents: dict[str, str]) -> str:
     rows = [
-        "| file | critical | mutants | run | killed | survived | equivalent | stillborn | score |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| file | critical | mutants | run | killed | survived | equivalent | stillborn "
+        "| score | to re-run |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for run in runs:
         killed = run.count(KILLED)
@@ -506,7 +512,8 @@ def table(runs: list[FileRun], equivalents: dict[str, str]) -> str:
             score = "BASELINE FAILS"
         rows.append(
             f"| {run.path} | {'yes' if run.critical else ''} | {len(run.mutants)} | {ran} "
-            f"| {killed} | {survived} | {equivalent} | {stillborn} | {score} |"
+            f"| {killed} | {survived} | {equivalent} | {stillborn} | {score} "
+            f"| {sum(m.stale and m.outcome is None for m in run.mutants)} |"
         )
     return "\n".join(rows)
 
