@@ -9,20 +9,6 @@
 static uint64_t tsc_at_start;
 static uint64_t ns_per_tick_32; /* nanoseconds per TSC tick, times 2^32 */
 
-static inline uint64_t rdtsc(void)
-{
-#if defined(__aarch64__)
-    /* The generic timer's virtual count (cpu_cycle_freq is CNTFRQ_EL0). */
-    uint64_t v;
-    __asm__ __volatile__("isb; mrs %0, cntvct_el0" : "=r"(v) : : "memory");
-    return v;
-#else
-    uint32_t lo, hi;
-    __asm__ __volatile__("rdtsc" : "=a"(lo), "=d"(hi));
-    return ((uint64_t)hi << 32) | lo;
-#endif
-}
-
 void rt_clock_init(const struct hvt_boot_info *bi)
 {
     if (bi->cpu_cycle_freq == 0) {
@@ -31,12 +17,12 @@ void rt_clock_init(const struct hvt_boot_info *bi)
     }
     /* 1e9 * 2^32 < 2^64, so this fits; relative error < 1e-9 at GHz rates. */
     ns_per_tick_32 = (1000000000ULL << 32) / bi->cpu_cycle_freq;
-    tsc_at_start = rdtsc();
+    tsc_at_start = rt_cycle_counter();
 }
 
 solo5_time_t solo5_clock_monotonic(void)
 {
-    uint64_t ticks = rdtsc() - tsc_at_start;
+    uint64_t ticks = rt_cycle_counter() - tsc_at_start;
     return (uint64_t)(((unsigned __int128)ticks * ns_per_tick_32) >> 32);
 }
 

@@ -102,6 +102,21 @@ struct rt_yield_ops {
 };
 void rt_yield_set_ops(const struct rt_yield_ops *ops);
 
+/* The cycle counter: the TSC on x86_64, the generic timer's virtual count
+ * on aarch64 (its frequency is hvt_boot_info.cpu_cycle_freq). */
+static inline uint64_t rt_cycle_counter(void)
+{
+#if defined(__aarch64__)
+    uint64_t v;
+    __asm__ __volatile__("isb; mrs %0, cntvct_el0" : "=r"(v) : : "memory");
+    return v;
+#else
+    uint32_t lo, hi;
+    __asm__ __volatile__("rdtsc" : "=a"(lo), "=d"(hi));
+    return ((uint64_t)hi << 32) | lo;
+#endif
+}
+
 /*
  * Built as Solo5 bindings (solo5_pyvmm.o, RT_SOLO5_BINDINGS):
  * solo5_bindings.c and traps.c.

@@ -39,25 +39,12 @@ void __stack_chk_fail(void)
     rt_halt(SOLO5_EXIT_ABORT, NULL);
 }
 
-static inline uint64_t cycle_counter(void)
-{
-#if defined(__aarch64__)
-    uint64_t v;
-    __asm__ __volatile__("isb; mrs %0, cntvct_el0" : "=r"(v) : : "memory");
-    return v;
-#else
-    uint32_t lo, hi;
-    __asm__ __volatile__("rdtsc" : "=a"(lo), "=d"(hi));
-    return ((uint64_t)hi << 32) | lo;
-#endif
-}
-
 void rt_solo5_start(void)
 {
     /* A value that differs per boot (the cycle counter at entry, mixed so
      * that all bits change), low byte zero as above.  No stack-protected
      * function is active: only the runtime, built without it, has run. */
-    uint64_t x = cycle_counter() * 0x9e3779b97f4a7c15ULL;
+    uint64_t x = rt_cycle_counter() * 0x9e3779b97f4a7c15ULL;
     x ^= x >> 29;
     x *= 0xbf58476d1ce4e5b9ULL;
     x ^= x >> 32;
