@@ -99,7 +99,7 @@ sys.path.insert(0, str(ROOT))
 from bench import baseline, pps_chart  # noqa: E402
 from pyvmm.statsview import is_live_line  # noqa: E402
 from testkit.helpers import STATS_SCHEMA, guest_report  # noqa: E402
-from testkit.netns import NetNamespace  # noqa: E402
+from testkit.netns import NetNamespace, read_until  # noqa: E402
 
 GUESTS = ROOT / "guests" / "bin"
 GUEST = GUESTS / "udpsink.hvt"
@@ -184,11 +184,9 @@ class Tender:
             env=env,
             preexec_fn=niced(args.nice),
         )
-        self.head = ""
-        for line in self.proc.stdout:
-            self.head += line
-            if line.startswith("ready"):
-                return
+        self.head, ready = read_until(self.proc.stdout, "ready")
+        if ready:
+            return
         self.proc.wait(timeout=30)
         raise RuntimeError(f"{case['label']}: ended before ready: {self.head}{self.stderr()}")
 

@@ -255,11 +255,9 @@ class NetNamespace:
         """
         argv = [sys.executable, "-m", "pyvmm", *map(str, args)]
         proc = self.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
-        head = ""
-        for line in proc.stdout:
-            head += line
-            if line.startswith(ready):
-                return proc, head
+        head, found = read_until(proc.stdout, ready)
+        if found:
+            return proc, head
         out, err = proc.communicate(timeout=30)
         raise RuntimeError(f"pyvmm ended before the guest was ready: {head}{out}{err}")
 
@@ -395,6 +393,27 @@ def _stop(proc: subprocess.Popen[Any]) -> None:
     except subprocess.TimeoutExpired:
         signal_it(signal.SIGKILL)
         proc.wait()
+
+
+def read_until(stream: Any, prefix: str) -> tuple[str, bool]:
+    """A child's output up to and including its first line that starts with
+    ``prefix``, and whether that line came (else everything to the end).
+
+    Read from the pipe a byte at a time, so that nothing after that line
+    waits in ``stream``'s own buffer: ``communicate()`` with a timeout reads
+    the pipe's descriptor, never that buffer, and lines a fast child wrote
+    in the same burst (a sender's whole report, say) were lost there."""
+    fd = stream.fileno()
+    text, line = "", bytearray()
+    while chunk := os.read(fd, 1):
+        line += chunk
+        if chunk == b"\n":
+            decoded = line.decode(errors="replace")
+            text += decoded
+            line.clear()
+            if decoded.startswith(prefix):
+                return text, True
+    return text + line.decode(errors="replace"), False
 
 
 def remove_stale_namespaces(prefix: str = PREFIX) -> list[str]:
