@@ -25,7 +25,7 @@ import _signal  # signal's constants without the signal module (it imports enum)
 import os
 import sys
 
-from pyvmm import __version__, codecache, entry, trace
+from pyvmm import __version__, entry, trace
 from pyvmm.config import DEFAULT_MEM_MIB, VmConfig, is_decimal, positive_int
 from pyvmm.errors import OutputError, PyvmmError, UsageError
 
@@ -977,11 +977,8 @@ def main(argv: list[str] | None = None) -> int:
                 trace.enable(cmd.trace)
             except OSError as err:
                 raise UsageError(f"--trace: cannot create {cmd.trace}: {err.strerror}") from None
-        if cmd.action != "version":  # --version needs no dataclasses
-            codecache.install()
         if cmd.action == "help":
             _emit(usage())
-            codecache.save()
             return 0
         if cmd.action == "version":
             text, unavailable = version_text()
@@ -995,7 +992,6 @@ def main(argv: list[str] | None = None) -> int:
             from pyvmm.query import query_manifest
 
             _emit(query_manifest(cmd.config.kernel, as_json=cmd.json, legacy=True))
-            codecache.save()
             return 0
         from pyvmm.vmm import run
 

@@ -101,9 +101,6 @@ def check() -> None:
 
 
 def main() -> int:
-    from pyvmm import codecache  # (before the handlers: nothing to interrupt)
-
-    codecache.enable()
     # SIGUSR1 asks a running guest's counters (statsview.py); before the
     # guest runs there are none to print, and it must not kill pyvmm.
     _signal.signal(_signal.SIGUSR1, _signal.SIG_IGN)

@@ -16,7 +16,7 @@ from contextlib import ExitStack
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from pyvmm import codecache, sandbox, trace
+from pyvmm import sandbox, trace
 from pyvmm._native import lib
 from pyvmm.arch import ExitHandler
 from pyvmm.config import VmConfig
@@ -476,7 +476,6 @@ def _first_exit(vcpu, hypercall, table):
 def run(config: VmConfig) -> int:
     json_out = open_json(config.stats_json) if config.stats_json else None
     with Vmm(config) as vmm:
-        codecache.save()  # every module the run needs is imported by now
         # Always there: SIGUSR1 prints the counters so far, whatever the options.
         output = StatsOutput(
             vmm.counters,
