@@ -38,6 +38,16 @@ class GuestFault(PyvmmError):
     """The guest did something that ends its run (fault, bad pointer)."""
 
 
+class Stopped(PyvmmError):
+    """A stop signal ended the run: exit status 128 + signal, as a shell would.
+
+    Here, below the runner and the debugger that both raise it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(stop_message(signum))
+        self.exit_status = 128 + signum
+
+
 # The stop signals' names, known without importing the signal module on
 # the way out: after --user (files the new user cannot read) or under the
 # sandbox an import there can fail. Linux numbers them alike on x86_64 and

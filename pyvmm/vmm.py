@@ -29,8 +29,8 @@ from pyvmm.errors import (
     GuestFault,
     HostError,
     PyvmmError,
+    Stopped,
     UsageError,
-    stop_message,
 )
 from pyvmm.faults import fault
 from pyvmm.hvt.bootinfo import BootInfo
@@ -59,14 +59,6 @@ if TYPE_CHECKING:
 
 # The signals a core file names (<signal.h>, alike on x86_64 and aarch64).
 SIGABRT, SIGSEGV = 6, 11
-
-
-class Stopped(PyvmmError):
-    """A stop signal ended the run: exit status 128 + signal, as a shell would."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(stop_message(signum))
-        self.exit_status = 128 + signum
 
 
 class Vmm:

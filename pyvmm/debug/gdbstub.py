@@ -38,7 +38,7 @@ from pyvmm._native import ffi, lib
 from pyvmm.debug import gdbregs
 from pyvmm.debug.gdbviews import FaultView, FrameView, VcpuView
 from pyvmm.debug.rsp import MAX_PACKET, Connection, Disconnected, StopRequested, escape
-from pyvmm.errors import GuestFault, HostError, PyvmmError, UsageError
+from pyvmm.errors import GuestFault, HostError, PyvmmError, Stopped, UsageError
 from pyvmm.sizes import PAGE_SIZE
 
 if TYPE_CHECKING:
@@ -425,8 +425,6 @@ class GdbStub:
                 conn.acks = False
 
     def _stopped(self) -> None:
-        from pyvmm.vmm import Stopped
-
         raise Stopped(lib.pyvmm_stop_signal() or SIGINT)
 
     def _resume(self, view, step: bool) -> None:

@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pyvmm import trace
 from pyvmm._native import ffi, lib
@@ -52,10 +52,14 @@ from pyvmm.snapshot.format import (
 )
 
 if TYPE_CHECKING:
+    from pyvmm.arch import ExitHandler
     from pyvmm.config import VmConfig
+    from pyvmm.devices import Device, DeviceKind
+    from pyvmm.hvt.hypercalls import Hypercalls
+    from pyvmm.kvm import Vcpu
     from pyvmm.loader import Kernel
+    from pyvmm.memory import GuestMemory
     from pyvmm.plan import Plan
-    from pyvmm.vmm import Vmm
 
 TRIGGERS = ("first-wait", "sigusr2")
 #: What interrupts KVM_RUN on the vCPU's thread for a SIGUSR2 snapshot (a
@@ -64,6 +68,20 @@ KICK = signal.SIGRTMIN + 5
 #: The hypercall instruction: ``outl %eax, (%dx)`` (hvt's ports are above
 #: 0xff, so never the imm8 form).
 OUT_EAX_DX = 0xEF
+
+
+class GuestRun(Protocol):
+    """What a snapshot reads of the run it is taken of (``vmm.Vmm`` is
+    one): described here, so that this module stays below the runner that
+    arms it."""
+
+    config: VmConfig
+    plan: Plan
+    vcpu: Vcpu
+    memory: GuestMemory
+    hypercalls: Hypercalls
+    devices: list[tuple[DeviceKind, Device]]
+    exit_handler: ExitHandler | None
 
 
 def kernel_identity(kernel: Kernel) -> dict[str, Any]:
@@ -213,7 +231,7 @@ class SnapshotTarget:
         self.dir_fd = -1
 
     # -- the trigger -----------------------------------------------------------
-    def arm(self, vmm: Vmm) -> None:
+    def arm(self, vmm: GuestRun) -> None:
         """Take the snapshot at the guest's first poll hypercall, or when
         SIGUSR2 comes."""
         if self.trigger == "sigusr2":
@@ -244,7 +262,7 @@ class SnapshotTarget:
 
         return until_taken
 
-    def _watch_signal(self, vmm: Vmm) -> None:
+    def _watch_signal(self, vmm: GuestRun) -> None:
         """SIGUSR2 blocked in every thread (this one, and all started
         after it) and taken by sigwait on a thread of its own, which then
         kicks the vCPU: immediate_exit, and KICK to the vCPU's thread."""
@@ -287,14 +305,14 @@ class SnapshotTarget:
         return run_and_take
 
     # -- the snapshot ----------------------------------------------------------
-    def _take_between_exits(self, vmm: Vmm) -> None:
+    def _take_between_exits(self, vmm: GuestRun) -> None:
         """The snapshot at an exit KVM_RUN returned with EINTR: every
         operation complete, the guest between two instructions."""
         trace.mark("snapshot: the guest stopped (SIGUSR2)")
         state = cpu_state.capture(vmm.vcpu)
         self._finish(vmm, state, time.monotonic())
 
-    def take(self, vmm: Vmm) -> None:
+    def take(self, vmm: GuestRun) -> None:
         started = time.monotonic()
         trace.mark("snapshot: the guest at its first wait")
         vcpu = vmm.vcpu
@@ -316,7 +334,7 @@ class SnapshotTarget:
         state["regs"] = cpu_state.with_rip(state["regs"], rip)
         self._finish(vmm, state, started)
 
-    def _finish(self, vmm: Vmm, state: dict[str, bytes], started: float) -> None:
+    def _finish(self, vmm: GuestRun, state: dict[str, bytes], started: float) -> None:
         try:
             pages = self._write(vmm, state)
         except OSError as err:
@@ -332,7 +350,7 @@ class SnapshotTarget:
         )
         trace.mark("snapshot: written", {"dir": self.path})
 
-    def _write(self, vmm: Vmm, state: dict[str, bytes]) -> int:
+    def _write(self, vmm: GuestRun, state: dict[str, bytes]) -> int:
         """Memory, then the vCPU's state, then the metadata; each synced."""
         wall_ns = time.time_ns()
         host = ffi.buffer(ffi.cast("char *", vmm.memory.host_addr), vmm.memory.size)
@@ -349,7 +367,7 @@ class SnapshotTarget:
 
 
 def metadata(
-    vmm: Vmm, state: dict[str, bytes], packed: bytes, wall_ns: int, pages: int
+    vmm: GuestRun, state: dict[str, bytes], packed: bytes, wall_ns: int, pages: int
 ) -> dict[str, Any]:
     """snapshot.json's document (format.seal adds its checksum)."""
     plan, config = vmm.plan, vmm.config
