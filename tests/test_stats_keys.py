@@ -1,0 +1,245 @@
+"""The counters' shape for a guest with a net and a block device: the keys
+of --stats-json's snapshot and the lines of --stats's summary, pinned as
+they are, on each path a net device's frames can take (hypercalls in C,
+hypercalls in Python, shmstream's rings). Counters are named in the C
+structs, the devices and one table in stats.py; this is what keeps a
+change there from changing what programs and people read."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, engine_env
+from testkit.netns import NetNamespace
+
+pytestmark = [pytest.mark.kvm, pytest.mark.netns]
+
+GUEST_SRC = ROOT / "guests"
+
+# One of each: a block write and read, a frame out, a read that finds
+# nothing, a poll, then SUCCESS.
+NETBLK_C = r"""
+#include "rt.h"
+
+GUEST_MANIFEST(MFT_NET("service0"), MFT_BLOCK("storage"));
+
+static uint8_t block[4096], frame[9216];
+
+int solo5_app_main(const struct solo5_start_info *si)
+{
+    (void)si;
+    solo5_handle_t net, disk;
+    struct solo5_net_info ni;
+    struct solo5_block_info bi;
+    if (solo5_net_acquire("service0", &net, &ni) != SOLO5_R_OK ||
+        solo5_block_acquire("storage", &disk, &bi) != SOLO5_R_OK ||
+        bi.block_size > sizeof block) {
+        rt_puts("FAILURE: acquire\n");
+        return SOLO5_EXIT_FAILURE;
+    }
+    memset(block, 0xab, bi.block_size);
+    if (solo5_block_write(disk, 0, block, bi.block_size) != SOLO5_R_OK ||
+        solo5_block_read(disk, 0, block, bi.block_size) != SOLO5_R_OK) {
+        rt_puts("FAILURE: block\n");
+        return SOLO5_EXIT_FAILURE;
+    }
+    memset(frame, 0xff, 6);
+    memcpy(frame + 6, ni.mac_address, 6);
+    frame[12] = 0x88;  /* an experimental EtherType: nobody answers it */
+    frame[13] = 0xb5;
+    if (solo5_net_write(net, frame, 60) != SOLO5_R_OK) {
+        rt_puts("FAILURE: net write\n");
+        return SOLO5_EXIT_FAILURE;
+    }
+    size_t got;
+    (void)solo5_net_read(net, frame, sizeof frame, &got);
+    solo5_handle_set_t ready;
+    solo5_yield(solo5_clock_monotonic() + 1000000, &ready);
+    rt_puts("SUCCESS\n");
+    return SOLO5_EXIT_SUCCESS;
+}
+"""
+
+
+def make_var(name: str) -> list[str]:
+    """A variable of guests/Makefile, so this guest builds as the others do."""
+    out = subprocess.run(
+        ["make", "-s", "--no-print-directory", "--eval", "print-%: ; @echo $($*)", f"print-{name}"],
+        cwd=GUEST_SRC,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.split()
+
+
+@pytest.fixture(scope="module")
+def netblk(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("netblk")
+    (out / "netblk.c").write_text(NETBLK_C)
+    cflags = [f for f in make_var("CFLAGS") if f not in ("-MMD", "-MP")]
+    objects = make_var("ALWAYS_OBJS") + make_var("LIB")
+    if not all((GUEST_SRC / o).exists() for o in objects):
+        pytest.fail("the guest runtime is not built: run 'make -C guests' first")
+    subprocess.run(
+        ["gcc", *cflags, "-c", "-o", out / "netblk.o", out / "netblk.c"], cwd=GUEST_SRC, check=True
+    )
+    subprocess.run(
+        ["gcc", *make_var("LDFLAGS"), "-o", out / "netblk.hvt", *objects[:-1], out / "netblk.o"]
+        + make_var("LIB")
+        + make_var("LDLIBS"),
+        cwd=GUEST_SRC,
+        check=True,
+    )
+    return out / "netblk.hvt"
+
+
+def key_paths(snap: dict, prefix: str = "") -> set[str]:
+    """Every key of the snapshot as a dotted path, except below the sections
+    whose keys are data (exit kinds and hypercall names met, KVM's names)."""
+    paths = set()
+    for key, value in snap.items():
+        path = f"{prefix}{key}"
+        paths.add(path)
+        if isinstance(value, dict) and path not in ("exits_to_pyvmm", "hypercalls", "kvm"):
+            paths |= key_paths(value, path + ".")
+    return paths
+
+
+def summary_shape(stderr: str) -> list[str]:
+    """The summary's lines with every number as N; of the lines that list
+    what KVM saw (which varies from run to run), only their start."""
+    lines = []
+    for line in stderr.splitlines():
+        line = re.sub(r"(?<!\w)\d+(\.\d+)?", "N", line)
+        if line.startswith("  KVM counted:"):
+            line = "  KVM counted:"
+        elif line.startswith("  VM exits:"):
+            line = line.split(" (")[0]
+        lines.append(line)
+    return lines
+
+
+COMMON = {
+    "schema",
+    "record",
+    "unix_time",
+    "exit_status",
+    "seconds",
+    "cpl",
+    "privilege",
+    "exits_to_pyvmm",
+    "hypercalls",
+    "vcpu_thread_cpu_ns",
+    "kvm",
+    "tap_drops",
+    "tap_drops.rx_oversize",
+    "tap_drops.tx",
+    "taps",
+    "taps.service0",
+    *(f"taps.service0.{k}" for k in ("tx_packets", "tx_bytes", "tx_dropped")),
+    *(f"taps.service0.{k}" for k in ("rx_packets", "rx_bytes", "rx_dropped")),
+}
+IN_C = {
+    "hypercalls_in_c",
+    *(
+        f"hypercalls_in_c.{k}"
+        for k in (
+            "answered",
+            "walltimes",
+            "net_reads",
+            "net_reads_again",
+            "net_writes",
+            "polls",
+            "block_reads",
+            "block_writes",
+        )
+    ),
+}
+SHM_DEVICE = (
+    "rx_frames",
+    "rx_bytes",
+    "rx_drops_full",
+    "rx_drops_oversize",
+    "rx_bad_index",
+    "tx_frames",
+    "tx_bytes",
+    "tx_drops_bad_len",
+    "tx_drops_backend",
+    "tx_bad_index",
+    "notify_sent",
+    "notify_suppressed",
+)
+SHM = {
+    "shmstream",
+    "shmstream.mode",
+    "shmstream.thread",
+    *(
+        f"shmstream.thread.{k}"
+        for k in ("wakeups", "kicks", "sleeps", "busy_passes", "idle_spins", "cpu_ns")
+    ),
+    "shmstream.devices",
+    "shmstream.devices.service0",
+    *(f"shmstream.devices.service0.{k}" for k in SHM_DEVICE),
+}
+
+HYPERCALL_SUMMARY = [
+    "pyvmm: counters after the guest ran N s (wall clock), privilege user (CPL N)",
+    "  VM exits: N counted by KVM, N reached pyvmm",
+    "  KVM counted:",
+    "  hypercalls: block_read N, block_write N, halt N, net_read N, net_write N, poll N, puts N",
+    "  net service0: to the guest N frames (N B), from the guest N frames (N B)",
+    "    dropped by pyvmm: none; by the tap (the kernel): N to the guest (not read in time), "
+    "N from it",
+    "  CPU time: vCPU thread N s (N% of the run)",
+]
+SHM_SUMMARY = [
+    "pyvmm: counters after the guest ran N s (wall clock), privilege user (CPL N)",
+    "  VM exits: N counted by KVM, N reached pyvmm",
+    "  KVM counted:",
+    "  hypercalls: block_read N, block_write N, halt N, poll N, puts N",
+    "  net service0: to the guest N frames (N B), from the guest N frames (N B)",
+    "    dropped by pyvmm: none; by the tap (the kernel): N to the guest (not read in time), "
+    "N from it",
+    "  IO thread (event): guest kicks N, returns from epoll N, sleeps N, passes that moved "
+    "frames N, idle passes N; woke the guest N times",
+    "  CPU time: vCPU thread N s (N% of the run), IO thread N s (N% of the run)",
+]
+
+CASES = {
+    "hypercalls in C": ("off", "c", COMMON | IN_C, HYPERCALL_SUMMARY),
+    "hypercalls in Python": ("off", "python", COMMON, HYPERCALL_SUMMARY),
+    "shmstream": ("event", "c", COMMON | IN_C | SHM, SHM_SUMMARY),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_keys_and_summary_lines_of_a_net_and_block_guest(netblk, tmp_path, case):
+    shm, engine, keys, lines = CASES[case]
+    disk = tmp_path / "disk.img"
+    disk.write_bytes(bytes(64 * 1024))
+    stats = tmp_path / "stats.json"
+    with NetNamespace() as ns:
+        ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")
+        ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
+        ns.add_tap("tap100", address="10.0.0.1/24")
+        result = ns.run_pyvmm(
+            "--stats",
+            f"--stats-json={stats}",
+            f"--shm={shm}",
+            "--net:service0=tap100",
+            f"--block:storage={disk}",
+            netblk,
+            env=engine_env(engine),
+        )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+    (line,) = stats.read_text().splitlines()
+    snap = json.loads(line)
+    assert key_paths(snap) == keys
+    assert summary_shape(result.stderr) == lines
