@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 from contextlib import ExitStack
-from dataclasses import dataclass
 
 from pyvmm._native import ffi, lib
 from pyvmm.arch import host_arch
 from pyvmm.errors import HostError
+from pyvmm.record import Record
 
 MODES = {"poll": lib.IO_MODE_POLL, "event": lib.IO_MODE_EVENT, "hybrid": lib.IO_MODE_HYBRID}
 # Hybrid mode keeps polling this long without work before sleeping again:
@@ -28,13 +28,20 @@ THREAD_COUNTERS = [name for name, _ in ffi.typeof("struct io_stats").fields]
 SOLO5_COUNTERS = [name for name, _ in ffi.typeof("struct solo5_ring_counters").fields]
 
 
-@dataclass(frozen=True)
-class IoConfig:
+class IoConfig(Record):
     """The IO thread's settings: its mode, hybrid budget and CPU."""
 
-    mode: str = "event"
-    hybrid_budget_us: int = DEFAULT_HYBRID_BUDGET_US
-    cpu: int | None = None
+    __slots__ = ("mode", "hybrid_budget_us", "cpu")
+
+    def __init__(
+        self,
+        mode: str = "event",
+        hybrid_budget_us: int = DEFAULT_HYBRID_BUDGET_US,
+        cpu: int | None = None,
+    ) -> None:
+        self.mode = mode
+        self.hybrid_budget_us = hybrid_budget_us
+        self.cpu = cpu
 
 
 class IoThread:

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from pyvmm._native import ffi, lib
 from pyvmm.errors import GuestFault, HostError
+from pyvmm.record import Record
 from pyvmm.sizes import MIB, PAGE_SIZE
 
 __all__ = ["MIB", "PAGE_SIZE", "GuestMemory", "Protection"]
@@ -45,13 +45,15 @@ class PagesGone(HostError):
     """A set-up copy's source pages are gone (their file was truncated)."""
 
 
-@dataclass(frozen=True)
-class Protection:
+class Protection(Record):
     """Host-side access rights of a guest page range (mirrors ELF p_flags)."""
 
-    read: bool = True
-    write: bool = True
-    execute: bool = False
+    __slots__ = ("read", "write", "execute")
+
+    def __init__(self, read: bool = True, write: bool = True, execute: bool = False) -> None:
+        self.read = read
+        self.write = write
+        self.execute = execute
 
     @property
     def native(self) -> int:

@@ -13,7 +13,6 @@ import os
 import threading
 import time
 from contextlib import ExitStack
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pyvmm import sandbox, trace
@@ -43,6 +42,7 @@ from pyvmm.kvm.system import kvm_flavour
 from pyvmm.loader import DeviceType, load_kernel, page_protections, place
 from pyvmm.memory import GuestMemory
 from pyvmm.plan import Plan, make_plan
+from pyvmm.record import replace
 from pyvmm.stats import HYPERCALL_NAMES, ExitCounters, report
 from pyvmm.statsview import StatsOutput, open_json
 

@@ -7,11 +7,11 @@ page tables map without write access; offsets come from the ABI header.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 from pyvmm._native import ffi, lib
 from pyvmm.errors import UsageError
 from pyvmm.memory import GuestMemory
+from pyvmm.record import Record
 
 BOOT_INFO_GPA = lib.HVT_BOOT_INFO_BASE
 CMDLINE_SIZE = lib.HVT_CMDLINE_SIZE
@@ -37,21 +37,46 @@ def join_cmdline(args: list[str]) -> bytes:
     return cmdline
 
 
-@dataclass(frozen=True)
-class BootInfo:
+class BootInfo(Record):
     """What the guest finds at boot: hvt's boot info and what pyvmm adds."""
 
-    mem_size: int
-    kernel_end: int
-    cpu_cycle_freq: int
-    manifest: bytes
-    cmdline: bytes
-    host_features: int = 0
-    net_ring: int = 0
-    # pyvmm's boot extension (written when host_features says so).
-    shm_region: int = 0
-    shm_size: int = 0
-    shm_mode: int = 0
+    __slots__ = (
+        "mem_size",
+        "kernel_end",
+        "cpu_cycle_freq",
+        "manifest",
+        "cmdline",
+        "host_features",
+        "net_ring",
+        "shm_region",
+        "shm_size",
+        "shm_mode",
+    )
+
+    def __init__(
+        self,
+        mem_size: int,
+        kernel_end: int,
+        cpu_cycle_freq: int,
+        manifest: bytes,
+        cmdline: bytes,
+        host_features: int = 0,
+        net_ring: int = 0,
+        shm_region: int = 0,
+        shm_size: int = 0,
+        shm_mode: int = 0,
+    ) -> None:
+        self.mem_size = mem_size
+        self.kernel_end = kernel_end
+        self.cpu_cycle_freq = cpu_cycle_freq
+        self.manifest = manifest
+        self.cmdline = cmdline
+        self.host_features = host_features
+        self.net_ring = net_ring
+        # pyvmm's boot extension (written when host_features says so).
+        self.shm_region = shm_region
+        self.shm_size = shm_size
+        self.shm_mode = shm_mode
 
     def write(self, memory: GuestMemory) -> int:
         """Place everything in guest memory; returns the boot info GPA."""

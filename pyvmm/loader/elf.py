@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from pyvmm.errors import LoaderError
+from pyvmm.record import Record
 
 # Elf64_Ehdr, Elf64_Phdr and Elf64_Nhdr, little-endian.
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
@@ -56,8 +56,7 @@ _ET_NAMES = {
 }
 
 
-@dataclass(frozen=True)
-class Segment:
+class Segment(Record):
     """A PT_LOAD segment that is loaded: ``data`` (``filesz`` bytes) at ``paddr``.
 
     ``index`` is the program header number, so errors can point at it.
@@ -65,13 +64,26 @@ class Segment:
     of program headers naming the same bytes must not multiply its size.
     """
 
-    paddr: int
-    offset: int
-    filesz: int
-    memsz: int
-    flags: int
-    index: int = 0
-    data: bytes | memoryview = field(default=b"", repr=False, compare=False)
+    __slots__ = ("paddr", "offset", "filesz", "memsz", "flags", "index", "data")
+    _uncompared = ("data",)
+
+    def __init__(
+        self,
+        paddr: int,
+        offset: int,
+        filesz: int,
+        memsz: int,
+        flags: int,
+        index: int = 0,
+        data: bytes | memoryview = b"",
+    ) -> None:
+        self.paddr = paddr
+        self.offset = offset
+        self.filesz = filesz
+        self.memsz = memsz
+        self.flags = flags
+        self.index = index
+        self.data = data
 
     @property
     def end(self) -> int:
@@ -91,8 +103,7 @@ class Segment:
         return bool(self.flags & PF_X)
 
 
-@dataclass(frozen=True)
-class Note:
+class Note(Record):
     """One ELF note.
 
     ``name`` is the owner without its NUL terminator (``b"Solo5"``); ``desc``
@@ -101,11 +112,16 @@ class Note:
     what a descriptor's internal alignment is relative to.
     """
 
-    name: bytes
-    type: int
-    desc: bytes
-    desc_offset: int
-    phdr_index: int = 0
+    __slots__ = ("name", "type", "desc", "desc_offset", "phdr_index")
+
+    def __init__(
+        self, name: bytes, type: int, desc: bytes, desc_offset: int, phdr_index: int = 0
+    ) -> None:
+        self.name = name
+        self.type = type
+        self.desc = desc
+        self.desc_offset = desc_offset
+        self.phdr_index = phdr_index
 
     def aligned_desc(self, align: int) -> bytes:
         """The descriptor without the padding that aligns it to ``align`` bytes.
@@ -118,19 +134,28 @@ class Note:
         return self.desc[pad:] if pad <= len(self.desc) else b""
 
 
-@dataclass(frozen=True)
-class ElfImage:
+class ElfImage(Record):
     """A validated ELF64 executable: what the loader needs, nothing more.
 
     ``segments`` holds only PT_LOAD segments with ``p_filesz != 0`` (the
     reference tender skips the others entirely), sorted by ``paddr``.
     """
 
-    source: str
-    machine: str
-    entry: int
-    segments: tuple[Segment, ...]
-    notes: tuple[Note, ...]
+    __slots__ = ("source", "machine", "entry", "segments", "notes")
+
+    def __init__(
+        self,
+        source: str,
+        machine: str,
+        entry: int,
+        segments: tuple[Segment, ...],
+        notes: tuple[Note, ...],
+    ) -> None:
+        self.source = source
+        self.machine = machine
+        self.entry = entry
+        self.segments = segments
+        self.notes = notes
 
 
 def machine_name(e_machine: int) -> str:

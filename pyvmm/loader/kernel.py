@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass, field
 
 from pyvmm._native import lib
 from pyvmm.errors import LoaderError
@@ -20,6 +19,7 @@ from pyvmm.loader.manifest import Manifest
 from pyvmm.loader.notes import AbiInfo, Capabilities, read_abi, read_capabilities
 from pyvmm.loader.sharing import FileIdentity, map_image, refusal
 from pyvmm.memory import GuestMemory, PagesGone, Protection
+from pyvmm.record import Record
 from pyvmm.sizes import GUEST_MEMORY_LIMIT, MEM_GRANULE, MIB, PAGE_SIZE
 
 # Nothing loads below this: the page tables, boot info and command line live there.
@@ -28,20 +28,33 @@ MIN_LOAD_ADDRESS = lib.HVT_GUEST_MIN_BASE
 MAX_FILE_SIZE = GUEST_MEMORY_LIMIT
 
 
-@dataclass(frozen=True)
-class Kernel:
+class Kernel(Record):
     """A unikernel that is known to be runnable here, given enough memory."""
 
-    path: str
-    image: ElfImage
-    abi: AbiInfo
-    manifest: Manifest
-    kernel_end: int
-    capabilities: Capabilities = Capabilities()
-    # The file as it was read: place() maps its pages only if it still is.
-    file: FileIdentity | None = None
-    # The read lease the file was read under (sharing.py), if any.
-    lease: ImageLease | None = field(default=None, compare=False, repr=False)
+    __slots__ = ("path", "image", "abi", "manifest", "kernel_end", "capabilities", "file", "lease")
+    _uncompared = ("lease",)
+
+    def __init__(
+        self,
+        path: str,
+        image: ElfImage,
+        abi: AbiInfo,
+        manifest: Manifest,
+        kernel_end: int,
+        capabilities: Capabilities = Capabilities(),  # noqa: B008 (read-only)
+        file: FileIdentity | None = None,
+        lease: ImageLease | None = None,
+    ) -> None:
+        self.path = path
+        self.image = image
+        self.abi = abi
+        self.manifest = manifest
+        self.kernel_end = kernel_end
+        self.capabilities = capabilities
+        # The file as it was read: place() maps its pages only if it still is.
+        self.file = file
+        # The read lease the file was read under (sharing.py), if any.
+        self.lease = lease
 
     @property
     def entry(self) -> int:
@@ -170,13 +183,15 @@ def _read_image(
         raise LoaderError(f"{path}: Could not open: {e.strerror or e}") from None
 
 
-@dataclass(frozen=True)
-class ProtectedRange:
+class ProtectedRange(Record):
     """A run of whole guest pages that get the same access rights."""
 
-    start: int
-    length: int
-    protection: Protection
+    __slots__ = ("start", "length", "protection")
+
+    def __init__(self, start: int, length: int, protection: Protection) -> None:
+        self.start = start
+        self.length = length
+        self.protection = protection
 
 
 _PROTECTIONS = {

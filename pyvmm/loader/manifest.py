@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from enum import IntEnum
 
 from pyvmm._native import ffi, lib
 from pyvmm.errors import LoaderError, UsageError
 from pyvmm.loader.elf import ElfImage
 from pyvmm.loader.notes import SOLO5_MANIFEST, note_descriptor
+from pyvmm.record import Record
 
 MFT_HEADER_SIZE = ffi.sizeof("struct mft")
 MFT_ENTRY_SIZE = ffi.sizeof("struct mft_entry")
@@ -51,41 +51,43 @@ class DeviceType(IntEnum):
         }[self]
 
 
-@dataclass(frozen=True)
-class ManifestEntry:
+class ManifestEntry(Record):
     """One declared device; ``index`` is also its hypercall handle."""
 
-    index: int
-    name: str
-    type: DeviceType
+    __slots__ = ("index", "name", "type")
+
+    def __init__(self, index: int, name: str, type: DeviceType) -> None:
+        self.index = index
+        self.name = name
+        self.type = type
 
 
-@dataclass(frozen=True)
-class NetAttachment:
+class NetAttachment(Record):
     """What the guest learns about an attached network device."""
 
-    mac: bytes
-    mtu: int
+    __slots__ = ("mac", "mtu")
 
-    def __post_init__(self) -> None:
-        if len(self.mac) != 6:
-            raise ValueError(f"a MAC address is 6 bytes, not {len(self.mac)}")
-        if not 0 < self.mtu <= 0xFFFF:
-            raise ValueError(f"MTU {self.mtu} does not fit the manifest's u16")
+    def __init__(self, mac: bytes, mtu: int) -> None:
+        if len(mac) != 6:
+            raise ValueError(f"a MAC address is 6 bytes, not {len(mac)}")
+        if not 0 < mtu <= 0xFFFF:
+            raise ValueError(f"MTU {mtu} does not fit the manifest's u16")
+        self.mac = mac
+        self.mtu = mtu
 
 
-@dataclass(frozen=True)
-class BlockAttachment:
+class BlockAttachment(Record):
     """What the guest learns about an attached block device."""
 
-    capacity: int
-    block_size: int
+    __slots__ = ("capacity", "block_size")
 
-    def __post_init__(self) -> None:
-        if not 0 <= self.capacity < 1 << 64:
-            raise ValueError(f"capacity {self.capacity} does not fit the manifest's u64")
-        if not 0 < self.block_size <= 0xFFFF:
-            raise ValueError(f"block size {self.block_size} does not fit the manifest's u16")
+    def __init__(self, capacity: int, block_size: int) -> None:
+        if not 0 <= capacity < 1 << 64:
+            raise ValueError(f"capacity {capacity} does not fit the manifest's u64")
+        if not 0 < block_size <= 0xFFFF:
+            raise ValueError(f"block size {block_size} does not fit the manifest's u16")
+        self.capacity = capacity
+        self.block_size = block_size
 
 
 Attachment = NetAttachment | BlockAttachment
@@ -96,12 +98,15 @@ def _shown(name: bytes) -> str:
     return "".join(chr(b) if 0x20 <= b < 0x7F and b != 0x5C else f"\\x{b:02x}" for b in name)
 
 
-@dataclass(frozen=True)
-class Manifest:
+class Manifest(Record):
     """The validated device list; ``entries[0]`` is the reserved first entry."""
 
-    entries: tuple[ManifestEntry, ...]
-    source: str = field(default="the unikernel", compare=False)
+    __slots__ = ("entries", "source")
+    _uncompared = ("source",)
+
+    def __init__(self, entries: tuple[ManifestEntry, ...], source: str = "the unikernel") -> None:
+        self.entries = entries
+        self.source = source
 
     # -- parsing ----------------------------------------------------------
     @classmethod

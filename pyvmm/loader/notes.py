@@ -9,11 +9,10 @@ under solo5-hvt.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pyvmm._native import ffi, lib
 from pyvmm.errors import LoaderError
 from pyvmm.loader.elf import ElfImage, Note
+from pyvmm.record import Record
 
 SOLO5_OWNER = b"Solo5"
 
@@ -22,18 +21,20 @@ SOLO5_OWNER = b"Solo5"
 ABI_TARGETS = {1: "hvt", 2: "spt", 3: "virtio", 4: "muen", 5: "genode", 6: "xen"}
 
 
-@dataclass(frozen=True)
-class NoteKind:
+class NoteKind(Record):
     """Which note to look for and how its descriptor is aligned.
 
     ``desc_align`` is the alignment of the C struct the descriptor holds,
     relative to the note header; it decides how much padding to skip.
     """
 
-    owner: bytes
-    type: int
-    desc_align: int
-    what: str
+    __slots__ = ("owner", "type", "desc_align", "what")
+
+    def __init__(self, owner: bytes, type: int, desc_align: int, what: str) -> None:
+        self.owner = owner
+        self.type = type
+        self.desc_align = desc_align
+        self.what = what
 
 
 SOLO5_ABI = NoteKind(SOLO5_OWNER, lib.SOLO5_NOTE_ABI, 4, "Solo5 ABI note")
@@ -72,12 +73,14 @@ def note_descriptor(image: ElfImage, kind: NoteKind) -> bytes | None:
     return note.aligned_desc(kind.desc_align)
 
 
-@dataclass(frozen=True)
-class AbiInfo:
+class AbiInfo(Record):
     """The Solo5 ABI a unikernel was built for (target 1 = hvt)."""
 
-    target: int
-    version: int
+    __slots__ = ("target", "version")
+
+    def __init__(self, target: int, version: int) -> None:
+        self.target = target
+        self.version = version
 
     @property
     def target_name(self) -> str:
@@ -133,11 +136,13 @@ def read_abi(image: ElfImage, *, legacy: bool = False) -> AbiInfo:
     return abi
 
 
-@dataclass(frozen=True)
-class Capabilities:
+class Capabilities(Record):
     """What a guest declares it can do beyond plain hvt (pyvmm's CAP1 note)."""
 
-    flags: int = 0
+    __slots__ = ("flags",)
+
+    def __init__(self, flags: int = 0) -> None:
+        self.flags = flags
 
     @property
     def user_mode(self) -> bool:

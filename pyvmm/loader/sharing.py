@@ -35,13 +35,13 @@ Three rules, each written once here:
 import os
 import stat
 from collections.abc import Iterable
-from typing import NamedTuple
 
 from pyvmm._native import lib
 from pyvmm.loader.elf import Segment
 from pyvmm.loader.lease import COPIED, HELD, LOST, ImageLease
 from pyvmm.log import log
 from pyvmm.memory import GuestMemory
+from pyvmm.record import Record
 from pyvmm.sizes import PAGE_SIZE
 
 # PYVMM_IMAGE_SHARING=0 copies every image (a network file system whose
@@ -73,26 +73,32 @@ LOCAL_FILE_SYSTEMS = {
 }
 
 
-class FileIdentity(NamedTuple):
+class FileIdentity(Record):
     """What says a file is still the one that was read and checked."""
 
-    dev: int
-    ino: int
-    size: int
-    mtime_ns: int
-    ctime_ns: int
+    __slots__ = ("dev", "ino", "size", "mtime_ns", "ctime_ns")
+
+    def __init__(self, dev: int, ino: int, size: int, mtime_ns: int, ctime_ns: int) -> None:
+        self.dev = dev
+        self.ino = ino
+        self.size = size
+        self.mtime_ns = mtime_ns
+        self.ctime_ns = ctime_ns
 
     @classmethod
     def of(cls, st: os.stat_result) -> "FileIdentity":
         return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-class FileRun(NamedTuple):
+class FileRun(Record):
     """Whole pages of the file at ``offset`` that become guest pages at ``gpa``."""
 
-    gpa: int
-    offset: int
-    length: int
+    __slots__ = ("gpa", "offset", "length")
+
+    def __init__(self, gpa: int, offset: int, length: int) -> None:
+        self.gpa = gpa
+        self.offset = offset
+        self.length = length
 
 
 def file_runs(segments: Iterable[Segment]) -> tuple[FileRun, ...]:

@@ -5,7 +5,6 @@ place() gives the same guest memory whether it maps or copies
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from pyvmm.loader.elf import PF_R, PF_W, PF_X
 from pyvmm.loader.lease import HELD
 from pyvmm.loader.sharing import ENV_SWITCH, FileIdentity, FileRun, file_runs, refusal
 from pyvmm.memory import GuestMemory
+from pyvmm.record import replace
 
 MIB = 1 << 20
 PAGE = 0x1000

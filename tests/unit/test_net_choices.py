@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from conftest import guest
@@ -13,6 +11,7 @@ from pyvmm.errors import UsageError
 from pyvmm.loader import load_kernel
 from pyvmm.loader.notes import AbiInfo, Capabilities
 from pyvmm.plan import choose_shm, choose_solo5_ring
+from pyvmm.record import replace
 
 MIB = 1 << 20
 
