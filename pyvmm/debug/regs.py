@@ -50,9 +50,10 @@ def guest_registers(vcpu: Vcpu, memory: GuestMemory) -> dict[str, int]:
     except KvmError:
         return {}
     # Loaded only by a deprivileged run (its trap emulator): no stubs otherwise.
-    traps = sys.modules.get("pyvmm.arch.x86_64.traps")
-    if traps is None or regs["cs"] & 3:
+    if "pyvmm.arch.x86_64.traps" not in sys.modules or regs["cs"] & 3:
         return regs
+    from pyvmm.arch.x86_64 import layout as traps  # the stubs' and frames' places
+
     offset = regs["rip"] - _OUT_LENGTH - traps.STUBS
     if not 0 <= offset < traps.VECTORS * traps.STUB_SIZE or offset % traps.STUB_SIZE:
         return regs

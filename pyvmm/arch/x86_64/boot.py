@@ -23,6 +23,16 @@ from dataclasses import dataclass
 
 from pyvmm._native import lib
 from pyvmm.arch.tables import place_page_tables
+from pyvmm.arch.x86_64.layout import (  # the TSS's and the trap pages' (re-exported)
+    TRAP_CODE_SELECTOR,
+    TRAP_STACK,
+    TRAP_STACK_TOP,
+    TRAP_TABLES,
+    TSS_BASE,
+    TSS_LIMIT,
+    TSS_SIZE,
+    write_tables,
+)
 from pyvmm.memory import GuestMemory, Protection
 
 PAGE = 0x1000
@@ -38,14 +48,6 @@ EXTRA_PT_BASE = 0x20000
 EXTRA_PT_END = 0x100000
 LOW_ABSENT_END = 0x10000
 LOW_READONLY_END = lib.PYVMM_LOW_AREA_END
-# Deprivileged mode only (docs/pvm.md): pyvmm's GDT, IDT and trap stubs on
-# one page, its trap stack on the next, both supervisor-only so the guest
-# (at CPL 3) can neither read nor write them. Free low-area pages: the boot
-# info, manifest copy and command line end below 0x14000, the TSS starts at
-# PYVMM_TSS_BASE.
-TRAP_TABLES = 0x1A000
-TRAP_STACK = 0x1B000
-TRAP_STACK_TOP = TRAP_STACK + PAGE
 
 # Page-table entry bits.
 PTE_P = 1 << 0
@@ -105,15 +107,6 @@ KERNEL_CODE = Segment(selector=0x08, type=SEG_TYPE_CODE_XA, long=True)
 KERNEL_DATA = Segment(selector=0x10, type=SEG_TYPE_DATA_RWA, db=True)
 USER_DATA = Segment(selector=lib.PYVMM_USER_DS & ~3, type=SEG_TYPE_DATA_RWA, dpl=3, db=True)
 USER_CODE = Segment(selector=lib.PYVMM_USER_CS & ~3, type=SEG_TYPE_CODE_XRA, dpl=3, long=True)
-
-# The user-mode TSS: 104 bytes, then an I/O permission bitmap of all zeros
-# (every port allowed) and the 0xff byte that must end it. Measured under
-# kvm_pvm: RFLAGS.IOPL=3 alone does not let CPL 3 execute `out` (it raises
-# #GP); the bitmap does.
-TSS_BASE = lib.PYVMM_TSS_BASE
-TSS_SIZE = 104
-TSS_IOMAP_SIZE = 65536 // 8
-TSS_LIMIT = TSS_SIZE + TSS_IOMAP_SIZE  # inclusive: covers the 0xff byte
 
 
 def tss_bytes(rsp0: int = 0) -> bytes:
@@ -204,7 +197,7 @@ def page_tables(
 # segment in a slot the guest never names (its own GDT has 5 entries).
 GUEST_CODE = Segment(selector=0x08, type=SEG_TYPE_CODE_XRA, dpl=3, long=True)
 GUEST_DATA = Segment(selector=0x10, type=SEG_TYPE_DATA_RWA, dpl=3, db=True)
-TRAP_CODE = Segment(selector=0x30, type=SEG_TYPE_CODE_XA, long=True)
+TRAP_CODE = Segment(selector=TRAP_CODE_SELECTOR, type=SEG_TYPE_CODE_XA, long=True)
 
 
 @dataclass(frozen=True)
@@ -279,6 +272,4 @@ def setup_memory(
     if profile.tss:
         memory.write(TSS_BASE, tss_bytes(rsp0=TRAP_STACK_TOP if profile.private else 0))
     if profile is DEPRIVILEGED:
-        from pyvmm.arch.x86_64 import traps
-
-        traps.write_tables(memory)
+        write_tables(memory)

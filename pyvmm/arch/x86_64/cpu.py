@@ -18,6 +18,7 @@ from pyvmm.arch.x86_64.boot import (
     gdt_bytes,
     profile_for,
 )
+from pyvmm.arch.x86_64.layout import IDT, IDT_LIMIT
 from pyvmm.kvm.ioctl import KvmError, ioctl
 
 if TYPE_CHECKING:
@@ -192,6 +193,4 @@ def idt_of(profile) -> tuple[int, int]:
     in deprivileged mode (a fault elsewhere is a triple fault, reported)."""
     if profile.name != "deprivileged":
         return 0, 0
-    from pyvmm.arch.x86_64 import traps
-
-    return traps.IDT, traps.IDT_LIMIT
+    return IDT, IDT_LIMIT

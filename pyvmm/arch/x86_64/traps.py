@@ -21,7 +21,7 @@ for a new FS or GS base).
 
 The IDT, the stubs and pyvmm's GDT share a supervisor-only read-only page
 of the low area, the trap stack a supervisor-only writable one
-(boot.TRAP_TABLES, boot.TRAP_STACK): the guest can neither read nor write
+(layout.TRAP_TABLES, layout.TRAP_STACK): the guest can neither read nor write
 them.
 """
 
@@ -34,19 +34,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pyvmm.arch.x86_64 import cpu
-from pyvmm.arch.x86_64.boot import (
-    DEPRIVILEGED,
-    GUEST_CODE,
-    GUEST_DATA,
-    TRAP_CODE,
-    TRAP_STACK_TOP,
-    TRAP_TABLES,
-    TSS_BASE,
-    TSS_SIZE,
-    Segment,
-)
+from pyvmm.arch.x86_64.boot import DEPRIVILEGED, GUEST_CODE, GUEST_DATA, Segment
 from pyvmm.arch.x86_64.decode import GPR, DecodeError, Instruction, Memory, decode
 from pyvmm.arch.x86_64.faults import explain_page_fault
+from pyvmm.arch.x86_64.layout import (  # (also read here by debug/regs.py)
+    ERROR_CODE_VECTORS,
+    FRAME_WORDS,
+    GATE_INTERRUPT,
+    GATE_TRAP,
+    TRAP_PORTS,
+    TRAP_STACK_TOP,
+    VECTORS,
+    frame_address,
+)
 from pyvmm.errors import GuestFault
 from pyvmm.kvm import IoOut
 
@@ -54,20 +54,6 @@ if TYPE_CHECKING:
     from pyvmm.kvm import Vcpu, VcpuExit
     from pyvmm.memory import GuestMemory
 
-VECTORS = 32
-IDT = TRAP_TABLES + 0x100
-IDT_LIMIT = VECTORS * 16 - 1
-STUBS = TRAP_TABLES + 0x400
-STUB_SIZE = 8
-#: Vector v's stub writes to port TRAP_PORTS + v (``out %al, $imm8``). The
-#: TSS's I/O bitmap denies these ports at CPL 3, so only a stub can.
-TRAP_PORTS = 0xC0
-#: The CPU's frame sits at the top of the trap stack (TSS.RSP0): nothing
-#: nests, a fault inside a stub is reported as pyvmm's bug.
-FRAME_WORDS = 5
-
-#: Vectors whose frame carries an error code.
-ERROR_CODE_VECTORS = frozenset({8, 10, 11, 12, 13, 14, 17, 21, 29, 30})
 VECTOR_NAMES = {
     0: "#DE", 1: "#DB", 2: "NMI", 3: "#BP", 4: "#OF", 5: "#BR", 6: "#UD", 7: "#NM",
     8: "#DF", 10: "#TS", 11: "#NP", 12: "#SS", 13: "#GP", 14: "#PF", 16: "#MF",
@@ -87,44 +73,11 @@ MSR_FS_BASE = 0xC0000100
 MSR_GS_BASE = 0xC0000101
 MSR_KERNEL_GS_BASE = 0xC0000102
 
-GATE_INTERRUPT = 0xE
-GATE_TRAP = 0xF
 TSS_AVAILABLE = 0x9
 TSS_BUSY = 0xB
 TSS_IST1 = 36
 
 _MASK64 = (1 << 64) - 1
-
-
-def gate(offset: int, selector: int, ist: int = 0, kind: int = GATE_INTERRUPT, dpl: int = 0):
-    """A 16-byte 64-bit IDT gate."""
-    attributes = 0x80 | (dpl << 5) | kind
-    return struct.pack(
-        "<HHBBHII", offset & 0xFFFF, selector, ist, attributes, (offset >> 16) & 0xFFFF,
-        offset >> 32, 0,
-    )  # fmt: skip
-
-
-def stub(vector: int) -> bytes:
-    """``out %al, $port``; drop the error code if the CPU pushed one; ``iretq``."""
-    code = bytes([0xE6, TRAP_PORTS + vector])
-    if vector in ERROR_CODE_VECTORS:
-        code += bytes.fromhex("4883c408")  # add $8, %rsp
-    return (code + bytes.fromhex("48cf")).ljust(STUB_SIZE, b"\xcc")
-
-
-def frame_address(vector: int) -> int:
-    return TRAP_STACK_TOP - 8 * (FRAME_WORDS + (vector in ERROR_CODE_VECTORS))
-
-
-def write_tables(memory: GuestMemory) -> None:
-    """pyvmm's IDT (every exception vector to its stub) and the stubs."""
-    gates = b"".join(gate(STUBS + v * STUB_SIZE, TRAP_CODE.selector) for v in range(VECTORS))
-    memory.write(IDT, gates)
-    memory.write(STUBS, b"".join(stub(v) for v in range(VECTORS)))
-    # The guest may not write the stubs' ports (it could fake a trap).
-    assert TRAP_PORTS % 8 == 0 and VECTORS % 8 == 0
-    memory.write(TSS_BASE + TSS_SIZE + TRAP_PORTS // 8, b"\xff" * (VECTORS // 8))
 
 
 class Unsupported(GuestFault):
