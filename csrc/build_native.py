@@ -26,6 +26,7 @@ SHARED_HEADERS = (
     "imagelease.h",
     "hcfast.h",
     "iothread.h",
+    "tap_io.h",
     "sandbox.h",
 )
 SOURCES = (
@@ -36,6 +37,7 @@ SOURCES = (
     "iothread.c",
     "iothread_shm.c",
     "iothread_solo5.c",
+    "tap_io.c",
     "sandbox.c",
 )
 

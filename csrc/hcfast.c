@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <stddef.h>
 #include <string.h>
-#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 #include <linux/kvm.h>
@@ -15,6 +14,7 @@
 #include "iothread.h"
 #include "spin.h"
 #include "static_check.h"
+#include "tap_io.h"
 
 _Static_assert(sizeof(struct hvt_hc_block_read) == sizeof(struct hvt_hc_block_write) &&
                offsetof(struct hvt_hc_block_read, ret) ==
@@ -140,51 +140,48 @@ static int walltime(struct pyvmm_fastpath *fp, uint64_t gpa)
     return ANSWERED;
 }
 
-/* As TapBackend.read_into: one frame, or AGAIN; a frame longer than the
- * guest's buffer is dropped and counted, never handed over cut short. */
+/* As TapBackend.read_into (both are tap_io_read): one frame, or AGAIN; a
+ * frame longer than the guest's buffer is dropped and counted, never
+ * handed over cut short. */
 static int net_read(struct pyvmm_fastpath *fp, uint64_t gpa)
 {
+    const struct tap_io_tally rx = {
+        .frames = &fp->net_reads,
+        .again = &fp->net_reads_again,
+        .oversize = &fp->rx_dropped,
+    };
     struct hvt_hc_net_read arg;
-    uint8_t overflow, *at, *buf;
+    uint8_t *at, *buf;
+    uint32_t len = 0;
     int fd;
 
     LOAD_ARG(fp, gpa, arg, at);
     fd = net_fd(fp, arg.handle);
-    if (fd < 0 || !(buf = guest(fp, arg.data, arg.len, PYVMM_GM_WRITE)))
+    if (fd < 0 || arg.len > UINT32_MAX || !(buf = guest(fp, arg.data, arg.len, PYVMM_GM_WRITE)))
         return PYTHON;
-    for (;;) {
-        struct iovec iov[2] = {
-            { buf, arg.len },
-            { &overflow, 1 },
-        };
-        ssize_t n = readv(fd, iov, 2);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            arg.ret = errno == EAGAIN ? HVT_RET_AGAIN : HVT_RET_EUNSPEC;
-            if (errno == EAGAIN)
-                fp->net_reads_again++;
-            break;
-        }
-        if ((uint64_t)n > arg.len) {
-            fp->rx_dropped++;
-            continue;
-        }
-        arg.len = (uint64_t)n;
+    switch (tap_io_read(fd, buf, (uint32_t)arg.len, &len, &rx)) {
+    case TAP_IO_FRAME:
+        arg.len = len;
         arg.ret = HVT_RET_OK;
-        fp->net_reads++;
+        STORE(at, arg, len);
+        break;
+    case TAP_IO_AGAIN:
+        arg.ret = HVT_RET_AGAIN;
+        break;
+    default:
+        arg.ret = HVT_RET_EUNSPEC;
         break;
     }
-    if (arg.ret == HVT_RET_OK)
-        STORE(at, arg, len);
     STORE(at, arg, ret);
     return ANSWERED;
 }
 
-/* As TapBackend.write: a frame the tap cannot take is dropped and counted
- * (the guest's stack retransmits); a frame too big is Python's EINVAL. */
+/* As TapBackend.write (both are tap_io_write): a frame the tap cannot take
+ * or a runt is dropped and counted (the guest's stack retransmits); a
+ * frame too big is Python's EINVAL. */
 static int net_write(struct pyvmm_fastpath *fp, uint64_t gpa)
 {
+    const struct tap_io_tally tx = { .frames = &fp->net_writes, .failed = &fp->tx_dropped };
     struct hvt_hc_net_write arg;
     uint8_t *at, *buf;
     int fd;
@@ -194,17 +191,9 @@ static int net_write(struct pyvmm_fastpath *fp, uint64_t gpa)
     if (fd < 0 || arg.len > fp->max_frame[arg.handle] ||
         !(buf = guest(fp, arg.data, arg.len, PYVMM_GM_READ)))
         return PYTHON;
-    arg.ret = HVT_RET_OK;
-    if (arg.len < HVT_ETH_HLEN) {
-        fp->tx_dropped++;
-    } else if (write(fd, buf, arg.len) < 0) {
-        if (errno == EAGAIN || errno == ENOBUFS || errno == EIO || errno == EINVAL)
-            fp->tx_dropped++;
-        else
-            arg.ret = HVT_RET_EUNSPEC;
-    } else {
-        fp->net_writes++;
-    }
+    arg.ret = tap_io_write(fd, buf, (uint32_t)arg.len, HVT_ETH_HLEN, &tx) == TAP_IO_FAILED
+                  ? HVT_RET_EUNSPEC
+                  : HVT_RET_OK;
     STORE(at, arg, ret);
     return ANSWERED;
 }

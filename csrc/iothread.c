@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include "iothread_internal.h"
-#include "shmstream_ring.h"
 #include "spin.h"
 
 void io_notify(int fd)
@@ -29,13 +28,34 @@ void io_arm_wake(struct iothread *io)
     __atomic_store_n(&io->wake_armed, 1, __ATOMIC_SEQ_CST);
 }
 
-int io_service(struct iothread *io)
+int io_wake_guest(struct iothread *io)
+{
+    if (!__atomic_exchange_n(&io->wake_armed, 0, __ATOMIC_ACQ_REL))
+        return 0;
+    io_notify(io->wake_fd);
+    return 1;
+}
+
+int io_add_service(struct iothread *io, const struct io_service_ops *ops, void *ctx)
+{
+    if (!ops || !ops->service)
+        return -EINVAL;
+    if (io->started)
+        return -EBUSY;
+    if (io->nservices >= IO_MAX_SERVICES)
+        return -ENOSPC;
+    io->service[io->nservices].ops = ops;
+    io->service[io->nservices].ctx = ctx;
+    io->nservices++;
+    return 0;
+}
+
+/* One pass over every service: work done. */
+static int run_services(struct iothread *io)
 {
     int i, work = 0;
-    for (i = 0; i < io->nlinks; i++)
-        work += io_link_service(io, &io->link[i]);
-    if (io->s5.ring)
-        work += io_solo5_service(&io->s5);
+    for (i = 0; i < io->nservices; i++)
+        work += io->service[i].ops->service(io->service[i].ctx);
     return work;
 }
 
@@ -43,40 +63,43 @@ int io_service(struct iothread *io)
 static void wake_all(struct iothread *io)
 {
     int i;
-    for (i = 0; i < io->nlinks; i++)
-        shm_cons_awake(io->link[i].tx);
-    if (io->s5.ring)
-        io_solo5_awake(&io->s5);
+    for (i = 0; i < io->nservices; i++)
+        if (io->service[i].ops->awake)
+            io->service[i].ops->awake(io->service[i].ctx);
 }
 
-/* Announce sleep on every TX ring; 0 if frames arrived meanwhile. */
+/* Announce sleep to every service; 0 if work arrived meanwhile. */
 static int prepare_sleep(struct iothread *io)
 {
     int i, ok = 1;
-    for (i = 0; i < io->nlinks; i++) {
-        struct io_link *l = &io->link[i];
-        if (!shm_cons_prepare_sleep(l->tx, l->tx_cons, l->slots))
+    for (i = 0; i < io->nservices; i++) {
+        const struct io_service *s = &io->service[i];
+        if (s->ops->prepare_sleep && !s->ops->prepare_sleep(s->ctx))
             ok = 0;
     }
-    if (io->s5.ring && !io_solo5_prepare_sleep(&io->s5))
-        ok = 0;
     if (!ok)
         wake_all(io);
     return ok;
 }
 
+/* Events taken per epoll_wait; more ready fds are reported by the next
+ * one (level-triggered). */
+#define IO_EVENTS 32
+
 static void sleep_until_event(struct iothread *io)
 {
-    struct epoll_event ev[SHM_MAX_DEVICES + 2];
+    struct epoll_event ev[IO_EVENTS];
     uint64_t count;
     int i, n;
 
     io->stats.sleeps++;
     do
-        n = epoll_wait(io->epfd, ev, SHM_MAX_DEVICES + 2, -1);
+        n = epoll_wait(io->epfd, ev, IO_EVENTS, -1);
     while (n < 0 && errno == EINTR && !io->stop);
     io->stats.wakeups++;
-    io->s5.stalled = 0;
+    for (i = 0; i < io->nservices; i++)
+        if (io->service[i].ops->drain)
+            io->service[i].ops->drain(io->service[i].ctx);
     wake_all(io);
     for (i = 0; i < n; i++) {
         int fd = ev[i].data.fd;
@@ -105,7 +128,7 @@ static void spin_pause(void)
 static void run_poll(struct iothread *io)
 {
     while (!io->stop) {
-        if (io_service(io))
+        if (run_services(io))
             io->stats.busy_passes++;
         else {
             io->stats.idle_spins++;
@@ -117,7 +140,7 @@ static void run_poll(struct iothread *io)
 static void run_event(struct iothread *io)
 {
     while (!io->stop) {
-        while (!io->stop && io_service(io))
+        while (!io->stop && run_services(io))
             io->stats.busy_passes++;
         if (prepare_sleep(io))
             sleep_until_event(io);
@@ -134,7 +157,7 @@ static void run_hybrid(struct iothread *io)
     uint64_t last_work = clock_ns(CLOCK_MONOTONIC);
 
     while (!io->stop) {
-        if (io_service(io)) {
+        if (run_services(io)) {
             io->stats.busy_passes++;
             last_work = clock_ns(CLOCK_MONOTONIC);
             continue;
@@ -150,12 +173,12 @@ static void run_hybrid(struct iothread *io)
     }
 }
 
-static void drain_tx(struct iothread *io)
+static void finish_services(struct iothread *io)
 {
-    int i, rounds;
-    for (i = 0; i < io->nlinks; i++)
-        for (rounds = 0; rounds < 64 && io_link_service_tx(&io->link[i]); rounds++)
-            ;
+    int i;
+    for (i = 0; i < io->nservices; i++)
+        if (io->service[i].ops->finish)
+            io->service[i].ops->finish(io->service[i].ctx);
 }
 
 static void *io_main(void *arg)
@@ -173,8 +196,8 @@ static void *io_main(void *arg)
         run_event(io);
         break;
     }
-    /* Frames the guest queued before it halted still go out. */
-    drain_tx(io);
+    /* Work the guest queued before it halted still gets done. */
+    finish_services(io);
     io->final_cpu_ns = clock_ns(CLOCK_THREAD_CPUTIME_ID);
     return NULL;
 }
@@ -199,7 +222,7 @@ struct iothread *io_create(int mode, uint32_t budget_us, int cpu, int kick_fd, i
     return io;
 }
 
-int io_watch(struct iothread *io, int fd)
+int io_watch_fd(struct iothread *io, int fd)
 {
     struct epoll_event ev;
     memset(&ev, 0, sizeof(ev));
@@ -222,9 +245,9 @@ int io_start(struct iothread *io)
 
     if (io->started)
         return -EBUSY;
-    if ((err = io_watch(io, io->stop_fd)) < 0)
+    if ((err = io_watch_fd(io, io->stop_fd)) < 0)
         return err;
-    if (io->kick_fd >= 0 && (err = io_watch(io, io->kick_fd)) < 0)
+    if (io->kick_fd >= 0 && (err = io_watch_fd(io, io->kick_fd)) < 0)
         return err;
     /* Stop signals belong to the vCPU thread: the new thread inherits a
      * mask that blocks everything. */

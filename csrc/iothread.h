@@ -4,8 +4,8 @@
  * that moving a frame never needs Python, the GIL or a VM exit.
  * Declarations are read by cffi (plain types, integer #defines only); the
  * thread's insides are in iothread_internal.h.  Each device the thread
- * serves is a "link" (io_add_port and io_port_counters keep their old
- * names as API).
+ * serves is a "link"; what the thread runs are services (io_add_service):
+ * the shmstream links and Solo5's ring register themselves as two.
  */
 #ifndef PYVMM_IOTHREAD_H
 #define PYVMM_IOTHREAD_H
@@ -52,6 +52,7 @@ struct solo5_ring_counters {
                                   * not write for the guest) */
     uint64_t bad_index;          /* guest's ent_tail or com_head impossible */
     uint64_t commit_stalls;      /* commit ring full: submissions wait */
+    uint64_t write_failures;     /* frames the tap refused: dropped */
 };
 
 /* Per thread. */
@@ -65,6 +66,23 @@ struct io_stats {
 
 struct iothread;
 
+/* Services one thread runs at most. */
+#define IO_MAX_SERVICES 8
+
+/*
+ * What the thread runs, one pass after another: each service is a table of
+ * these and its own context.  service is required, the others may be NULL.
+ * The thread sleeps only once every service's prepare_sleep agreed.
+ */
+struct io_service_ops {
+    const char *name;
+    int  (*service)(void *ctx);        /* one pass: frames/work done */
+    int  (*prepare_sleep)(void *ctx);  /* announce sleep; 0 if work arrived */
+    void (*awake)(void *ctx);          /* the thread is awake: no kicks needed */
+    void (*drain)(void *ctx);          /* after a wake-up: consume its eventfds */
+    void (*finish)(void *ctx);         /* the thread is stopping: last work */
+};
+
 /*
  * mode: IO_MODE_*; budget_us: hybrid only, how long to keep polling
  * without work before sleeping again; cpu: pin to this CPU, or -1;
@@ -74,15 +92,20 @@ struct iothread;
  */
 struct iothread *io_create(int mode, uint32_t budget_us, int cpu, int kick_fd, int wake_fd);
 
+/* Only before io_start; at most IO_MAX_SERVICES; 0 or -errno. The fds a
+ * service waits on are added with io_watch_fd (epoll, level-triggered). */
+int io_add_service(struct iothread *io, const struct io_service_ops *ops, void *ctx);
+int io_watch_fd(struct iothread *io, int fd);
+
 /*
  * A shmstream device (a link): backend_fd is a non-blocking tap (any fd
  * that reads and writes one frame per call will do); rx and tx are the
  * rings' host addresses; slots a power of two.  Returns the link index or
  * -errno.  Only before io_start.
  */
-int io_add_port(struct iothread *io, int backend_fd, void *rx, void *tx, uint32_t slots);
+int io_add_link(struct iothread *io, int backend_fd, void *rx, void *tx, uint32_t slots);
 
-struct shm_counters *io_port_counters(struct iothread *io, int link);
+struct shm_counters *io_link_counters(struct iothread *io, int link);
 
 /*
  * Serve Solo5's ring at host address `ring` too.  Guest addresses in its
@@ -92,16 +115,11 @@ struct shm_counters *io_port_counters(struct iothread *io, int link);
  */
 int io_set_solo5_ring_view(struct iothread *io, void *ring, const struct pyvmm_guestmem *mem,
                            uint64_t usable);
-/* The same over a view of [mem, mem + mem_size) with nothing refused
- * (test rigs whose "guest memory" is a plain buffer). */
-int io_set_solo5_ring(struct iothread *io, void *ring, void *mem, uint64_t mem_size);
 /* The tap for manifest handle `handle` (< MFT_MAX_ENTRIES) of the Solo5
  * ring, and the largest frame a write may send through it (MTU +
  * HVT_ETH_HLEN; longer ones are bad entries, as the net_write hypercall
  * refuses them). */
 int io_solo5_attach_tap(struct iothread *io, uint32_t handle, int backend_fd, uint32_t max_frame);
-/* The same for any fd, frames up to 65535 bytes (test rigs). */
-int io_solo5_attach(struct iothread *io, uint32_t handle, int backend_fd);
 struct solo5_ring_counters *io_solo5_counters(struct iothread *io);
 struct io_stats *io_thread_stats(struct iothread *io);
 
@@ -120,9 +138,6 @@ void io_destroy(struct iothread *io);
  * one eventfd write, not one per batch.
  */
 void io_arm_wake(struct iothread *io);
-
-/* One pass over every ring on the calling thread (tests): frames moved. */
-int io_service(struct iothread *io);
 
 /*
  * What the poll hypercall needs of a shmstream region, for the C fast

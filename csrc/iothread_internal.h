@@ -2,12 +2,14 @@
  * The IO thread's insides, shared by its three files (not read by cffi;
  * the public API is iothread.h):
  *   iothread.c        the thread: modes (poll, event, hybrid), sleep and
- *                     wake-up, start and stop, counters;
- *   iothread_shm.c    shmstream links: a tap and its RX and TX rings;
- *   iothread_solo5.c  Solo5's ring: submissions and commits.
- * A "link" is the IO thread's endpoint for one device (the public API
- * still says "port" in io_add_port and io_port_counters); an x86 I/O port
- * is always called a port.
+ *                     wake-up, start and stop, counters, and the table of
+ *                     services it runs (it names none of them);
+ *   iothread_shm.c    the service of the shmstream links: a tap and its RX
+ *                     and TX rings each;
+ *   iothread_solo5.c  the service of Solo5's ring: submissions and commits.
+ * Services call the thread (io_add_service, io_watch_fd, io_wake_guest),
+ * never the other way round.  A "link" is the IO thread's endpoint for one
+ * device; an x86 I/O port is always called a port.
  */
 #ifndef PYVMM_IOTHREAD_INTERNAL_H
 #define PYVMM_IOTHREAD_INTERNAL_H
@@ -32,6 +34,15 @@ struct io_link {
     struct shm_counters c;
 };
 
+/* The shmstream service: every link of the thread. */
+struct shm_links {
+    struct iothread *io;
+    int n;
+    struct io_link link[SHM_MAX_DEVICES];
+    /* Where frames that cannot be delivered are read to be dropped. */
+    uint8_t scratch[65536];
+};
+
 /* Solo5's ring and the taps behind its handles. */
 struct solo5_link {
     struct solo5_ring *ring;
@@ -44,6 +55,12 @@ struct solo5_link {
     struct solo5_ring_counters c;
 };
 
+/* One entry of the thread's table. */
+struct io_service {
+    const struct io_service_ops *ops;
+    void *ctx;
+};
+
 struct iothread {
     int mode;
     uint32_t budget_us;
@@ -52,32 +69,23 @@ struct iothread {
     int wake_fd;
     int stop_fd;
     int epfd;
-    int nlinks;
     int started;
     volatile int stop;
     int wake_armed;     /* 1: the vCPU waits for (or will check) wake_fd */
     pthread_t thread;
     uint64_t final_cpu_ns;
     struct io_stats stats;
-    struct io_link link[SHM_MAX_DEVICES];
+    int nservices;
+    struct io_service service[IO_MAX_SERVICES];
+    /* The services' own state, allocated with the thread; only their own
+     * files touch it. */
+    struct shm_links shm;
     struct solo5_link s5;
-    /* Where frames that cannot be delivered are read to be dropped. */
-    uint8_t scratch[65536];
 };
 
-/* iothread.c */
+/* iothread.c, for the services: signal an eventfd; wake the vCPU through
+ * wake_fd if it is armed for a wake-up (1: woken, 0: suppressed). */
 void io_notify(int fd);
-int io_watch(struct iothread *io, int fd);
-
-/* iothread_shm.c: one pass over a link (frames seen), and the TX side
- * alone (the last drain at stop). */
-int io_link_service(struct iothread *io, struct io_link *l);
-int io_link_service_tx(struct io_link *l);
-
-/* iothread_solo5.c: one pass over the ring (submissions taken); before
- * sleeping (0: work arrived, stay awake) and after waking. */
-int io_solo5_service(struct solo5_link *s);
-int io_solo5_prepare_sleep(struct solo5_link *s);
-void io_solo5_awake(struct solo5_link *s);
+int io_wake_guest(struct iothread *io);
 
 #endif

@@ -4,12 +4,12 @@
 #include <errno.h>
 #include <stddef.h>
 #include <string.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include "iothread_internal.h"
 #include "shmstream_ring.h"
 #include "static_check.h"
+#include "tap_io.h"
 
 /* shmstream.h sizes its arrays and pads with literals, for cffi. */
 PYVMM_ARRAY_LEN_IS(struct shm_slot, data, SHM_SLOT_DATA);
@@ -24,9 +24,16 @@ _Static_assert(sizeof(struct shm_region) <= SHM_REGION_HEADER_SIZE, "region head
 PYVMM_ARRAY_LEN_IS(struct pyvmm_shm_poll, rx, SHM_MAX_DEVICES);
 PYVMM_ARRAY_LEN_IS(struct pyvmm_shm_poll, handle, SHM_MAX_DEVICES);
 
-/* Guest -> tap: drain up to IO_BATCH frames of the TX ring. */
-int io_link_service_tx(struct io_link *l)
+/* Guest -> tap: drain up to IO_BATCH frames of the TX ring.  Every frame
+ * the tap does not take is a backend drop (nobody to report a failure to). */
+static int service_tx(struct io_link *l)
 {
+    const struct tap_io_tally tx = {
+        .frames = &l->c.tx_frames,
+        .bytes = &l->c.tx_bytes,
+        .failed = &l->c.tx_drops_backend,
+        .errors = &l->c.tx_drops_backend,
+    };
     uint32_t avail = shm_cons_avail(l->tx, l->tx_cons, l->slots);
     uint32_t i;
 
@@ -40,21 +47,12 @@ int io_link_service_tx(struct io_link *l)
         struct shm_slot *s = shm_slot_at(l->tx, l->tx_cons + i, l->slots);
         /* Read the guest's length once: it may change it under us. */
         uint32_t len = __atomic_load_n(&s->len, __ATOMIC_RELAXED);
-        ssize_t n;
 
         if (len == 0 || len > SHM_SLOT_DATA) {
             l->c.tx_drops_bad_len++;
             continue;
         }
-        do
-            n = write(l->fd, s->data, len);
-        while (n < 0 && errno == EINTR);
-        if (n < 0) {
-            l->c.tx_drops_backend++;
-            continue;
-        }
-        l->c.tx_frames++;
-        l->c.tx_bytes += len;
+        tap_io_write(l->fd, s->data, len, 0, &tx);
     }
     if (avail) {
         l->tx_cons += avail;
@@ -68,8 +66,7 @@ int io_link_service_tx(struct io_link *l)
 static void publish_rx(struct iothread *io, struct io_link *l)
 {
     shm_prod_publish(l->rx, l->rx_prod);
-    if (shm_prod_needs_notify(l->rx) && __atomic_exchange_n(&io->wake_armed, 0, __ATOMIC_ACQ_REL)) {
-        io_notify(io->wake_fd);
+    if (shm_prod_needs_notify(l->rx) && io_wake_guest(io)) {
         l->c.notify_sent++;
     } else {
         l->c.notify_suppressed++;
@@ -82,12 +79,16 @@ static void publish_rx(struct iothread *io, struct io_link *l)
  * slot meanwhile, and only a frame that still finds no room is dropped.
  * Returns 1 if a frame was consumed from the backend, 0 if none waited.
  */
-static int rx_when_full(struct iothread *io, struct io_link *l)
+static int rx_when_full(struct shm_links *all, struct io_link *l,
+                        const struct tap_io_tally *rx)
 {
-    ssize_t n = read(l->fd, io->scratch, sizeof(io->scratch));
-    uint32_t space;
+    uint32_t space, n = 0;
+    /* Staged: what becomes of the frame is counted once the ring is seen. */
+    int r = tap_io_read_one(l->fd, all->scratch, sizeof(all->scratch), &n, NULL);
 
-    if (n <= 0)
+    if (r == TAP_IO_OVERSIZE)
+        n = sizeof(all->scratch) + 1u;
+    else if (r != TAP_IO_FRAME || n == 0)
         return 0;
     space = shm_prod_space(l->rx, l->rx_prod, l->slots);
     if (space == SHM_BAD) {
@@ -98,29 +99,35 @@ static int rx_when_full(struct iothread *io, struct io_link *l)
         l->c.rx_drops_oversize++;
     } else {
         struct shm_slot *s = shm_slot_at(l->rx, l->rx_prod, l->slots);
-        memcpy(s->data, io->scratch, (size_t)n);
-        __atomic_store_n(&s->len, (uint32_t)n, __ATOMIC_RELAXED);
+        memcpy(s->data, all->scratch, n);
+        __atomic_store_n(&s->len, n, __ATOMIC_RELAXED);
         l->rx_prod++;
-        l->c.rx_frames++;
-        l->c.rx_bytes += (uint64_t)n;
+        tap_io_count_frame(rx, n);
         return 2;
     }
     return 1;
 }
 
 /* Tap -> guest: fill up to IO_BATCH RX slots, publish once, notify once. */
-static int service_rx(struct iothread *io, struct io_link *l)
+/* Tap -> guest: fill up to IO_BATCH RX slots, publish once, notify once.
+ * Each frame dropped counts against the batch: the other links get their
+ * turn.  A slot cannot hold 0 bytes: an empty datagram, or a backend at
+ * end of file, is no frame for the guest. */
+static int service_rx(struct shm_links *all, struct io_link *l)
 {
+    /* A read counts its drops; a frame is counted once it is delivered. */
+    const struct tap_io_tally read = { .oversize = &l->c.rx_drops_oversize };
+    const struct tap_io_tally rx = { .frames = &l->c.rx_frames, .bytes = &l->c.rx_bytes };
     int moved = 0, seen = 0;
 
     while (seen < IO_BATCH) {
         uint32_t space = shm_prod_space(l->rx, l->rx_prod, l->slots);
         struct shm_slot *s;
-        struct iovec iov[2];
-        ssize_t n;
+        uint32_t n = 0;
+        int r;
 
         if (space == SHM_BAD || space == 0) {
-            int r = rx_when_full(io, l);
+            r = rx_when_full(all, l, &rx);
             if (!r)
                 break;
             seen++;
@@ -128,52 +135,97 @@ static int service_rx(struct iothread *io, struct io_link *l)
             continue;
         }
         s = shm_slot_at(l->rx, l->rx_prod, l->slots);
-        /* The second buffer only catches frames too large for a slot. */
-        iov[0].iov_base = s->data;
-        iov[0].iov_len = SHM_SLOT_DATA;
-        iov[1].iov_base = io->scratch;
-        iov[1].iov_len = sizeof(io->scratch);
-        n = readv(l->fd, iov, 2);
-        if (n < 0 && errno == EINTR)
-            continue;
-        /* Nothing waiting, an error, or 0 bytes (an empty datagram or a
-         * backend at end of file): no frame for the guest. */
-        if (n <= 0)
-            break;
-        seen++;
-        if (n > SHM_SLOT_DATA) {
-            l->c.rx_drops_oversize++;
+        r = tap_io_read_one(l->fd, s->data, SHM_SLOT_DATA, &n, &read);
+        if (r == TAP_IO_OVERSIZE) {
+            seen++;
             continue;
         }
-        __atomic_store_n(&s->len, (uint32_t)n, __ATOMIC_RELAXED);
+        if (r != TAP_IO_FRAME || n == 0)
+            break;
+        seen++;
+        __atomic_store_n(&s->len, n, __ATOMIC_RELAXED);
         l->rx_prod++;
-        l->c.rx_frames++;
-        l->c.rx_bytes += (uint64_t)n;
+        tap_io_count_frame(&rx, n);
         moved++;
     }
     if (moved)
-        publish_rx(io, l);
+        publish_rx(all->io, l);
     return seen;
 }
 
-int io_link_service(struct iothread *io, struct io_link *l)
+static int links_service(void *ctx)
 {
-    int work = io_link_service_tx(l);   /* TX first, as before the split */
-    return work + service_rx(io, l);
+    struct shm_links *all = ctx;
+    int i, work = 0;
+
+    for (i = 0; i < all->n; i++) {
+        struct io_link *l = &all->link[i];
+        work += service_tx(l);   /* TX first, as before the split */
+        work += service_rx(all, l);
+    }
+    return work;
 }
 
-int io_add_port(struct iothread *io, int backend_fd, void *rx, void *tx, uint32_t slots)
+/* Announce sleep on every TX ring; 0 if frames arrived meanwhile. */
+static int links_prepare_sleep(void *ctx)
 {
+    struct shm_links *all = ctx;
+    int i, ok = 1;
+
+    for (i = 0; i < all->n; i++) {
+        struct io_link *l = &all->link[i];
+        if (!shm_cons_prepare_sleep(l->tx, l->tx_cons, l->slots))
+            ok = 0;
+    }
+    return ok;
+}
+
+static void links_awake(void *ctx)
+{
+    struct shm_links *all = ctx;
+    int i;
+
+    for (i = 0; i < all->n; i++)
+        shm_cons_awake(all->link[i].tx);
+}
+
+/* Frames the guest queued before it halted still go out. */
+static void links_finish(void *ctx)
+{
+    struct shm_links *all = ctx;
+    int i, rounds;
+
+    for (i = 0; i < all->n; i++)
+        for (rounds = 0; rounds < 64 && service_tx(&all->link[i]); rounds++)
+            ;
+}
+
+static const struct io_service_ops links_ops = {
+    .name = "shmstream",
+    .service = links_service,
+    .prepare_sleep = links_prepare_sleep,
+    .awake = links_awake,
+    .finish = links_finish,
+};
+
+int io_add_link(struct iothread *io, int backend_fd, void *rx, void *tx, uint32_t slots)
+{
+    struct shm_links *all = &io->shm;
     struct io_link *l;
     int err;
 
-    if (io->started || io->nlinks >= SHM_MAX_DEVICES)
+    if (io->started || all->n >= SHM_MAX_DEVICES)
         return -EBUSY;
     if (slots == 0 || (slots & (slots - 1)) != 0)
         return -EINVAL;
-    if ((err = io_watch(io, backend_fd)) < 0)
+    if (all->n == 0 && !all->io) {
+        if ((err = io_add_service(io, &links_ops, all)) < 0)
+            return err;
+        all->io = io;
+    }
+    if ((err = io_watch_fd(io, backend_fd)) < 0)
         return err;
-    l = &io->link[io->nlinks];
+    l = &all->link[all->n];
     memset(l, 0, sizeof(*l));
     l->fd = backend_fd;
     l->rx = rx;
@@ -182,12 +234,12 @@ int io_add_port(struct iothread *io, int backend_fd, void *rx, void *tx, uint32_
     /* Start from whatever the ring says, so a restart does not rewind. */
     l->rx_prod = l->rx->prod;
     l->tx_cons = l->tx->cons;
-    return io->nlinks++;
+    return all->n++;
 }
 
-struct shm_counters *io_port_counters(struct iothread *io, int link)
+struct shm_counters *io_link_counters(struct iothread *io, int link)
 {
-    return link >= 0 && link < io->nlinks ? &io->link[link].c : NULL;
+    return link >= 0 && link < io->shm.n ? &io->shm.link[link].c : NULL;
 }
 
 void shm_poll_drain_wake(const struct pyvmm_shm_poll *p)

@@ -4,12 +4,11 @@
 #include <errno.h>
 #include <stddef.h>
 #include <string.h>
-#include <sys/uio.h>
-#include <unistd.h>
 
 #include "iothread_internal.h"
 #include "shmstream_ring.h"
 #include "static_check.h"
+#include "tap_io.h"
 
 /* solo5_ring.h sizes its arrays and pads with literals, for cffi. */
 PYVMM_ARRAY_LEN_IS(struct solo5_ring, ent, SOLO5_RING_ENTRIES);
@@ -19,43 +18,18 @@ _Static_assert(offsetof(struct solo5_ring, ent_head) == 64 &&
                sizeof(struct solo5_ring_entry) == 32 && sizeof(struct solo5_ring_commit) == 16,
                "solo5_ring layout (docs/abi.md)");
 
-/* Frames a backend attached without a limit may carry (test rigs). */
-#define SOLO5_ANY_FRAME 65535
-
-/*
- * A read: one frame into the guest's buffer, or AGAIN.  As the net_read
- * hypercall (hcfast.c), a frame longer than the buffer is dropped and
- * counted, never committed cut short; after IO_BATCH such drops the read
- * is answered AGAIN so the other submissions get their turn.
- */
-static int32_t ring_read(struct solo5_link *s, int fd, uint8_t *buf, uint32_t size,
-                         uint32_t *len)
+/* What a read's commit says of tap_io_read's result: as the net_read
+ * hypercall (hcfast.c), a frame, or AGAIN (none waiting, or a turn given
+ * after oversize frames were dropped), never a frame cut short. */
+static int32_t read_result(int r)
 {
-    uint8_t overflow;
-    int drops = 0;
-
-    for (;;) {
-        struct iovec iov[2] = { { buf, size }, { &overflow, 1 } };
-        ssize_t n = readv(fd, iov, 2);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && errno == EAGAIN) {
-            s->c.reads_again++;
-            return HVT_RET_AGAIN;
-        }
-        if (n < 0)
-            return HVT_RET_EUNSPEC;
-        if ((uint64_t)n > size) {
-            s->c.read_drops_oversize++;
-            if (++drops < IO_BATCH)
-                continue;
-            s->c.reads_again++;
-            return HVT_RET_AGAIN;
-        }
-        *len = (uint32_t)n;
-        s->c.reads++;
-        s->c.read_bytes += (uint64_t)n;
+    switch (r) {
+    case TAP_IO_FRAME:
         return HVT_RET_OK;
+    case TAP_IO_AGAIN:
+        return HVT_RET_AGAIN;
+    default:
+        return HVT_RET_EUNSPEC;
     }
 }
 
@@ -67,8 +41,23 @@ static int32_t ring_read(struct solo5_link *s, int fd, uint8_t *buf, uint32_t si
  * host writes) into the low area or a read-only range is a bad entry,
  * committed EINVAL, like one outside memory.
  */
-int io_solo5_service(struct solo5_link *s)
+static int ring_service(void *ctx)
 {
+    struct solo5_link *s = ctx;
+    /* Every frame the tap does not take is a failed write (nobody to
+     * report it to); a read's frame, AGAIN or drops as tap_io_read's. */
+    const struct tap_io_tally tx = {
+        .frames = &s->c.writes,
+        .bytes = &s->c.write_bytes,
+        .failed = &s->c.write_failures,
+        .errors = &s->c.write_failures,
+    };
+    const struct tap_io_tally rx = {
+        .frames = &s->c.reads,
+        .bytes = &s->c.read_bytes,
+        .again = &s->c.reads_again,
+        .oversize = &s->c.read_drops_oversize,
+    };
     struct solo5_ring *r = s->ring;
     uint32_t avail = shm_load_acquire(&r->ent_tail) - s->ent_head;
     uint32_t committed = 0;
@@ -100,19 +89,17 @@ int io_solo5_service(struct solo5_link *s)
         fd = e.handle < MFT_MAX_ENTRIES ? s->fd[e.handle] : -1;
         if (e.operation == SOLO5_RING_OP_WRITE) {
             buf = e.len ? pyvmm_guestmem_at(&s->mem, e.data, e.len, PYVMM_GM_READ) : NULL;
-            if (fd < 0 || !buf || e.len > s->max_frame[e.handle]) {
+            if (fd < 0 || !buf || e.len > s->max_frame[e.handle])
                 s->c.bad_entries++;
-            } else if (write(fd, buf, e.len) >= 0) {
-                s->c.writes++;
-                s->c.write_bytes += e.len;
-            }
+            else
+                tap_io_write(fd, buf, e.len, 0, &tx);
         } else if (e.operation == SOLO5_RING_OP_READ) {
             struct solo5_ring_commit *c = &r->com[s->com_tail % SOLO5_RING_ENTRIES];
             int32_t ret = HVT_RET_EINVAL;
             uint32_t len = 0;
             buf = e.len ? pyvmm_guestmem_at(&s->mem, e.data, e.len, PYVMM_GM_WRITE) : NULL;
             if (fd >= 0 && buf)
-                ret = ring_read(s, fd, buf, e.len, &len);
+                ret = read_result(tap_io_read(fd, buf, e.len, &len, &rx));
             else
                 s->c.bad_entries++;
             c->id = e.id;
@@ -134,8 +121,9 @@ int io_solo5_service(struct solo5_link *s)
     return done;
 }
 
-int io_solo5_prepare_sleep(struct solo5_link *s)
+static int ring_prepare_sleep(void *ctx)
 {
+    struct solo5_link *s = ctx;
     struct solo5_ring *r = s->ring;
     uint32_t pending;
 
@@ -148,18 +136,36 @@ int io_solo5_prepare_sleep(struct solo5_link *s)
     return !(pending != 0 && pending <= SOLO5_RING_ENTRIES && !s->stalled);
 }
 
-void io_solo5_awake(struct solo5_link *s)
+static void ring_awake(void *ctx)
 {
+    struct solo5_link *s = ctx;
     __atomic_store_n(&s->ring->needs_kick, 0, __ATOMIC_RELAXED);
 }
+
+/* Woken (a kick, a frame): reads that waited for commit room try again. */
+static void ring_drain(void *ctx)
+{
+    struct solo5_link *s = ctx;
+    s->stalled = 0;
+}
+
+static const struct io_service_ops ring_ops = {
+    .name = "solo5-ring",
+    .service = ring_service,
+    .prepare_sleep = ring_prepare_sleep,
+    .awake = ring_awake,
+    .drain = ring_drain,
+};
 
 int io_set_solo5_ring_view(struct iothread *io, void *ring, const struct pyvmm_guestmem *mem,
                            uint64_t usable)
 {
-    int i;
+    int i, err;
 
     if (io->started)
         return -EBUSY;
+    if (!io->s5.ring && (err = io_add_service(io, &ring_ops, &io->s5)) < 0)
+        return err;
     io->s5.ring = ring;
     io->s5.mem = *mem;
     if (usable < io->s5.mem.size)
@@ -171,12 +177,6 @@ int io_set_solo5_ring_view(struct iothread *io, void *ring, const struct pyvmm_g
     return 0;
 }
 
-int io_set_solo5_ring(struct iothread *io, void *ring, void *mem, uint64_t mem_size)
-{
-    struct pyvmm_guestmem view = { .host = (uintptr_t)mem, .size = mem_size };
-    return io_set_solo5_ring_view(io, ring, &view, mem_size);
-}
-
 int io_solo5_attach_tap(struct iothread *io, uint32_t handle, int backend_fd, uint32_t max_frame)
 {
     if (io->started || !io->s5.ring || handle >= MFT_MAX_ENTRIES)
@@ -184,11 +184,6 @@ int io_solo5_attach_tap(struct iothread *io, uint32_t handle, int backend_fd, ui
     io->s5.fd[handle] = backend_fd;
     io->s5.max_frame[handle] = max_frame;
     return 0;
-}
-
-int io_solo5_attach(struct iothread *io, uint32_t handle, int backend_fd)
-{
-    return io_solo5_attach_tap(io, handle, backend_fd, SOLO5_ANY_FRAME);
 }
 
 struct solo5_ring_counters *io_solo5_counters(struct iothread *io)

@@ -57,7 +57,7 @@ class IoThread:
 
     def add_link(self, backend_fd: int, rx, tx, slots: int) -> int:
         """A shmstream device: its tap and its rings; returns the link index."""
-        link = lib.io_add_port(self._io, backend_fd, rx, tx, slots)
+        link = lib.io_add_link(self._io, backend_fd, rx, tx, slots)
         if link < 0:
             raise HostError(f"IO thread: cannot add a device: {os.strerror(-link)}")
         self.links += 1
@@ -99,7 +99,7 @@ class IoThread:
             self._io = ffi.NULL
 
     def link_counters(self, link: int) -> dict[str, int]:
-        c = lib.io_port_counters(self._io, link)
+        c = lib.io_link_counters(self._io, link)
         return {name: getattr(c, name) for name in LINK_COUNTERS}
 
     def thread_counters(self) -> dict[str, int]:

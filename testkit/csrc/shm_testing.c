@@ -10,8 +10,19 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "iothread_internal.h"
 #include "shm_testing.h"
 #include "shmstream_ring.h"
+
+int io_test_service(void *io)
+{
+    struct iothread *t = io;
+    int i, work = 0;
+
+    for (i = 0; i < t->nservices; i++)
+        work += t->service[i].ops->service(t->service[i].ctx);
+    return work;
+}
 
 uint32_t shm_test_prod_space(void *ring, uint32_t prod, uint32_t slots)
 {

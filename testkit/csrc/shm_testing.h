@@ -22,6 +22,13 @@ void *shm_test_slot(void *ring, uint32_t index, uint32_t slots);
 uint64_t shm_test_ring_size(uint32_t slots);
 
 /*
+ * One pass of every service of a pyvmm IO thread (a `struct iothread *`
+ * from pyvmm._native, not started), on the calling thread: the work its
+ * services report.  What the thread's loop runs, driven step by step.
+ */
+int io_test_service(void *io);
+
+/*
  * Two-thread stress of one ring: a producer pthread and a consumer pthread
  * move `frames` frames through a private ring of `slots` slots whose indices
  * start at `start_index` (pick one near 2^32 to cross the wrap).  Each frame

@@ -6,15 +6,15 @@ rings with the same shm_test_* operations the guest driver compiles.  The
 rings live inside one buffer between guard areas, so any host write outside
 the ring, or into a part of the ring the host does not own, shows.
 
-Covered: io_service moving frames both ways intact and in batches of
+Covered: one pass of the services (io_test_service) moving frames both ways intact and in batches of
 IO_BATCH; exact drop accounting (full RX ring, oversize frames, bad TX
 lengths, a backend that refuses frames, empty reads); an exact model of
-io_service run against a hostile guest scribbling over every field of the
+a pass run against a hostile guest scribbling over every field of the
 shared rings; notification counting, one wake-up per io_arm_wake, and the
 wake eventfd; the three threaded modes moving every frame in order, never
 dropping a frame that found room, sleeping despite hostile indices or a
 hung-up backend, draining TX at stop and stopping promptly even when busy;
-io_add_port's argument checks.
+io_add_link's argument checks.
 """
 
 from __future__ import annotations
@@ -152,9 +152,9 @@ class Rig:
         self.io = lib.io_create(mode, budget_us, -1, self.kick, self.wake)
         assert self.io != ffi.NULL
         backend = self.host.fileno() if backend_fd is None else backend_fd
-        self.port = lib.io_add_port(self.io, backend, self.rx, self.tx, slots)
+        self.port = lib.io_add_link(self.io, backend, self.rx, self.tx, slots)
         assert self.port == 0
-        self.counters = lib.io_port_counters(self.io, self.port)
+        self.counters = lib.io_link_counters(self.io, self.port)
         self.stats = lib.io_thread_stats(self.io)
         self.guest_kicks = 0
         self._hung = False
@@ -200,7 +200,7 @@ class Rig:
         )
 
     def host_writable(self) -> np.ndarray:
-        """Bytes the host may write during io_service: RX prod, RX slot
+        """Bytes the host may write during a pass: RX prod, RX slot
         lengths and data, TX cons.  Never a TX slot, never a guest field."""
         ok = np.zeros(len(self.mem), dtype=bool)
         ok[self.rx_off + OFF_PROD : self.rx_off + OFF_PROD + 4] = True
@@ -267,9 +267,9 @@ class Rig:
 
     def service_until_idle(self, max_passes: int = 1000) -> int:
         passes = 0
-        while lib.io_service(self.io):
+        while kit.io_test_service(self.io):
             passes += 1
-            assert passes < max_passes, "io_service never ran out of work"
+            assert passes < max_passes, "the services never ran out of work"
         return passes
 
 
@@ -288,7 +288,7 @@ def rigs():
         rig.close()
 
 
-# -- io_service: moving frames ---------------------------------------------
+# -- one pass: moving frames ---------------------------------------------------
 
 
 @given(
@@ -341,7 +341,7 @@ def test_more_frames_than_a_batch_move_in_batches_of_io_batch(rigs):
     rig.backend_send(rx_frames)
     assert rig.guest_send(tx_frames) == n
 
-    assert lib.io_service(rig.io) == 2 * BATCH  # one batch each way
+    assert kit.io_test_service(rig.io) == 2 * BATCH  # one batch each way
     c = rig.count()
     assert c["rx_frames"] == BATCH and c["tx_frames"] == BATCH
     assert rig.rx.prod == (NEAR_WRAP + BATCH) & MASK, "RX published once per batch"
@@ -455,7 +455,7 @@ def test_tx_frames_the_backend_refuses_are_counted_not_retried(rigs):
 
 
 def test_host_resumes_from_the_indices_found_in_the_ring(rigs):
-    """io_add_port adopts RX prod and TX cons as they are: no rewind."""
+    """io_add_link adopts RX prod and TX cons as they are: no rewind."""
     rig = rigs(slots=4, start_rx=MASK, start_tx=MASK - 1)
     rig.backend_send([frame(1, 9), frame(2, 9)])
     rig.guest_send([frame(3, 9), frame(4, 9), frame(5, 9)])
@@ -473,7 +473,7 @@ def test_rx_batch_for_a_sleeping_guest_counts_notify_sent_and_signals_wake_fd(ri
     rig = rigs(slots=16)
     assert kit.shm_test_cons_prepare_sleep(rig.rx, rig.rx_cons, rig.slots) == 1
     rig.backend_send([frame(i, 64) for i in range(3)])
-    assert lib.io_service(rig.io) == 3
+    assert kit.io_test_service(rig.io) == 3
     c = rig.count()
     assert c["notify_sent"] == 1 and c["notify_suppressed"] == 0
     assert eventfd_count(rig.wake) == 1
@@ -526,7 +526,7 @@ def test_a_guest_sleeping_through_many_batches_is_woken_once_per_arming(rigs):
 def test_idle_pass_neither_notifies_nor_suppresses(rigs):
     rig = rigs(slots=8)
     rig.rx.cons_sleeping = 1
-    assert lib.io_service(rig.io) == 0
+    assert kit.io_test_service(rig.io) == 0
     c = rig.count()
     assert c["notify_sent"] == 0 and c["notify_suppressed"] == 0
     assert eventfd_count(rig.wake) == 0
@@ -536,15 +536,15 @@ def test_without_a_wake_fd_notifications_are_still_counted(rigs):
     rig = rigs(slots=8, wake=False)
     rig.rx.cons_sleeping = 1
     rig.backend_send([frame(0, 5)])
-    assert lib.io_service(rig.io) == 1
+    assert kit.io_test_service(rig.io) == 1
     assert rig.count()["notify_sent"] == 1
 
 
-# -- a hostile guest, against an exact model of io_service ----------------------
+# -- a hostile guest, against an exact model of one pass ---------------------
 
 
 class HostModel:
-    """What one io_service pass must do, computed from the ring as it stands.
+    """What one pass must do, computed from the ring as it stands.
 
     The host reads only the guest-owned fields (RX cons and cons_sleeping, TX
     prod, TX slot lengths and data), its own trusted indices and whether a
@@ -740,7 +740,7 @@ def test_hostile_guest_never_crashes_the_host_or_makes_it_write_outside_its_fiel
             for _ in range(passes):
                 before = rig.mem.copy()
                 work, delivered, tx_out, released, published, wakes = model.one_pass()
-                assert lib.io_service(rig.io) == work
+                assert kit.io_test_service(rig.io) == work
                 changed = np.flatnonzero(rig.mem != before)
                 outside = changed[~writable[changed]]
                 assert outside.size == 0, f"host wrote at offsets {outside[:8].tolist()}"
@@ -1057,8 +1057,8 @@ def test_zero_byte_backend_reads_are_not_delivered_as_frames(rigs, case: str, fu
         rig.peer.close()
     else:
         rig.backend_send([b""])
-    lib.io_service(rig.io)
-    assert lib.io_service(rig.io) == 0, "io_service keeps finding 'frames'"
+    kit.io_test_service(rig.io)
+    assert kit.io_test_service(rig.io) == 0, "the pass keeps finding 'frames'"
     assert rig.count() == before
     published = rig.slots if full else 0
     assert rig.rx.prod == (NEAR_WRAP + published) & MASK, "an empty frame was published"
@@ -1072,8 +1072,8 @@ def test_add_port_rejects_slot_counts_that_are_not_powers_of_two(rigs):
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         for slots in (0, 3, 6, 12, 2**31 + 1):
-            assert lib.io_add_port(rig.io, a.fileno(), rig.rx, rig.tx, slots) == -errno.EINVAL
-        assert lib.io_port_counters(rig.io, 1) == ffi.NULL
+            assert lib.io_add_link(rig.io, a.fileno(), rig.rx, rig.tx, slots) == -errno.EINVAL
+        assert lib.io_link_counters(rig.io, 1) == ffi.NULL
     finally:
         a.close()
         b.close()
@@ -1081,8 +1081,8 @@ def test_add_port_rejects_slot_counts_that_are_not_powers_of_two(rigs):
 
 def test_add_port_rejects_a_bad_fd(rigs):
     rig = rigs(slots=8)
-    assert lib.io_add_port(rig.io, -1, rig.rx, rig.tx, 8) == -errno.EBADF
-    assert lib.io_port_counters(rig.io, 1) == ffi.NULL
+    assert lib.io_add_link(rig.io, -1, rig.rx, rig.tx, 8) == -errno.EBADF
+    assert lib.io_link_counters(rig.io, 1) == ffi.NULL
 
 
 def test_add_port_refuses_more_than_max_devices_and_after_start():
@@ -1097,14 +1097,14 @@ def test_add_port_refuses_more_than_max_devices_and_after_start():
     started = False
     try:
         for i in range(lib.SHM_MAX_DEVICES):
-            assert lib.io_add_port(io, pairs[i][0].fileno(), rx, tx, 1) == i
-        assert lib.io_add_port(io, pairs[16][0].fileno(), rx, tx, 1) == -errno.EBUSY
-        assert lib.io_port_counters(io, lib.SHM_MAX_DEVICES) == ffi.NULL
-        assert lib.io_port_counters(io, -1) == ffi.NULL
+            assert lib.io_add_link(io, pairs[i][0].fileno(), rx, tx, 1) == i
+        assert lib.io_add_link(io, pairs[16][0].fileno(), rx, tx, 1) == -errno.EBUSY
+        assert lib.io_link_counters(io, lib.SHM_MAX_DEVICES) == ffi.NULL
+        assert lib.io_link_counters(io, -1) == ffi.NULL
         assert lib.io_start(io) == 0
         started = True
         assert lib.io_start(io) == -errno.EBUSY
-        assert lib.io_add_port(io, pairs[17][0].fileno(), rx, tx, 1) == -errno.EBUSY
+        assert lib.io_add_link(io, pairs[17][0].fileno(), rx, tx, 1) == -errno.EBUSY
     finally:
         stopper = threading.Thread(target=lib.io_stop, args=(io,), daemon=True)
         stopper.start()
@@ -1123,7 +1123,7 @@ def test_stop_and_destroy_without_start_are_safe():
     lib.io_stop(io)
     lib.io_stop(io)
     assert lib.io_cpu_ns(io) == 0
-    assert lib.io_service(io) == 0  # no ports: nothing to do
+    assert kit.io_test_service(io) == 0  # no ports: nothing to do
     lib.io_destroy(io)
     lib.io_destroy(ffi.NULL)
 

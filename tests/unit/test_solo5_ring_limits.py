@@ -1,4 +1,4 @@
-"""The Solo5-ring service's limits, driven through io_service on the
+"""The Solo5-ring service's limits, driven through io_test_service on the
 calling thread with a real GuestMemory view: a READ submission (the host
 writes) into the low area or a read-only range is a bad entry, committed
 EINVAL like one outside memory, and leaves that memory alone; a WRITE may
@@ -15,6 +15,7 @@ import pytest
 
 from pyvmm._native import ffi, lib
 from pyvmm.memory import GuestMemory, Protection
+from testkit.native import lib as kit
 
 MIB = 1 << 20
 LOW = lib.PYVMM_LOW_AREA_END
@@ -74,19 +75,19 @@ def test_a_read_into_memory_the_host_may_not_write_is_a_bad_entry(rig, gpa, leng
     before = rig.mem.read(gpa, min(length, 3 * MIB - gpa))
     rig.b.send(b"x" * 60)
     rig.submit(lib.SOLO5_RING_OP_READ, gpa, length, 7)
-    assert lib.io_service(rig.io) == 1
+    assert kit.io_test_service(rig.io) == 1
     assert rig.commit(0) == (7, lib.HVT_RET_EINVAL, 0)
     assert rig.counters.bad_entries == 1 and rig.counters.reads == 0
     assert rig.mem.read(gpa, len(before)) == before
     # The frame is still there for a good read.
     rig.submit(lib.SOLO5_RING_OP_READ, BUF, 2048, 8)
-    lib.io_service(rig.io)
+    kit.io_test_service(rig.io)
     assert rig.commit(1) == (8, lib.HVT_RET_OK, 60)
 
 
 def test_a_write_may_come_from_the_low_area(rig):
     rig.submit(lib.SOLO5_RING_OP_WRITE, 0x10000, 64)
-    assert lib.io_service(rig.io) == 1
+    assert kit.io_test_service(rig.io) == 1
     assert rig.counters.writes == 1 and rig.counters.bad_entries == 0
     assert len(rig.b.recv(4096)) == 64
 
@@ -94,7 +95,7 @@ def test_a_write_may_come_from_the_low_area(rig):
 def test_a_write_longer_than_the_largest_frame_is_a_bad_entry(rig):
     rig.submit(lib.SOLO5_RING_OP_WRITE, BUF, MAX_FRAME + 1)
     rig.submit(lib.SOLO5_RING_OP_WRITE, BUF, MAX_FRAME)
-    assert lib.io_service(rig.io) == 2
+    assert kit.io_test_service(rig.io) == 2
     assert rig.counters.bad_entries == 1 and rig.counters.writes == 1
     assert len(rig.b.recv(4096)) == MAX_FRAME
     with pytest.raises(BlockingIOError):
@@ -106,7 +107,7 @@ def test_a_frame_longer_than_the_read_buffer_is_dropped_not_cut(rig):
     rig.b.send(b"s" * 50)
     rig.submit(lib.SOLO5_RING_OP_READ, BUF, 100, 1)
     rig.submit(lib.SOLO5_RING_OP_READ, BUF + 4096, 100, 2)
-    lib.io_service(rig.io)
+    kit.io_test_service(rig.io)
     assert rig.commit(0) == (1, lib.HVT_RET_OK, 50)
     assert rig.mem.read(BUF, 50) == b"s" * 50
     assert rig.commit(1) == (2, lib.HVT_RET_AGAIN, 0)
@@ -117,6 +118,6 @@ def test_a_frame_longer_than_the_read_buffer_is_dropped_not_cut(rig):
 def test_a_read_of_exactly_the_buffer_size_is_delivered(rig):
     rig.b.send(b"e" * 100)
     rig.submit(lib.SOLO5_RING_OP_READ, BUF, 100, 3)
-    lib.io_service(rig.io)
+    kit.io_test_service(rig.io)
     assert rig.commit(0) == (3, lib.HVT_RET_OK, 100)
     assert rig.counters.read_drops_oversize == 0

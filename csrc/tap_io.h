@@ -1,0 +1,65 @@
+/*
+ * Tap frame I/O, the one copy: one frame per read or write of a
+ * non-blocking tap (or any fd that moves one frame per call), with the one
+ * drop policy and the one tally of what tap I/O counts.  Used by the
+ * hypercall fast path (hcfast.c), the IO thread's services
+ * (iothread_shm.c, iothread_solo5.c) and Python's TapBackend (through
+ * cffi, which reads this header: plain types, integer #defines).
+ *
+ * The drop policy, as a NIC's:
+ *   - a frame longer than the reader's buffer is dropped and counted,
+ *     never handed over cut short (a one-byte overflow buffer after the
+ *     caller's shows it: the kernel would truncate silently);
+ *   - a reader that drops TAP_IO_TURN frames in a row answers AGAIN, so
+ *     a flood of oversize frames cannot hold it (others get their turn);
+ *   - a write the tap cannot take now (queue full, link down, a frame it
+ *     refuses) or a frame shorter than the writer's minimum is dropped and
+ *     counted, never an error: the guest's stack retransmits;
+ *   - EINTR is retried; any other failure is the caller's to report.
+ */
+#ifndef PYVMM_TAP_IO_H
+#define PYVMM_TAP_IO_H
+
+#include <stdint.h>
+
+/* What a read or a write came to. */
+#define TAP_IO_FRAME 0      /* a frame moved (a read: *len bytes) */
+#define TAP_IO_AGAIN 1      /* a read: no frame waiting, or a turn given */
+#define TAP_IO_OVERSIZE 2   /* tap_io_read_one: a frame too long, dropped */
+#define TAP_IO_DROPPED 3    /* a write: the frame was dropped */
+#define TAP_IO_FAILED 4     /* the call failed otherwise: errno says why */
+
+/* Oversize frames one tap_io_read drops before it answers AGAIN. */
+#define TAP_IO_TURN 64
+
+/*
+ * Where a caller keeps its counts: pointers to its own counter fields, so
+ * that every caller's counters keep their names; NULL: not counted.  A
+ * read's tally and a write's are separate (a caller counts each its way);
+ * a caller with nobody to report a failure to points errors where it
+ * counts drops.
+ */
+struct tap_io_tally {
+    uint64_t *frames;       /* frames read or written */
+    uint64_t *bytes;        /* their bytes */
+    uint64_t *again;        /* reads that found no frame (or gave a turn) */
+    uint64_t *oversize;     /* frames dropped for being longer than the buffer */
+    uint64_t *failed;       /* frames a write dropped */
+    uint64_t *errors;       /* calls that failed otherwise (TAP_IO_FAILED) */
+};
+
+/* One frame at most into buf[0, size): TAP_IO_FRAME, _AGAIN, _OVERSIZE or
+ * _FAILED.  A frame of 0 bytes (an empty datagram) is a frame. */
+int tap_io_read_one(int fd, void *buf, uint32_t size, uint32_t *len, const struct tap_io_tally *t);
+/* One frame, oversize ones dropped (at most TAP_IO_TURN, then AGAIN):
+ * TAP_IO_FRAME, _AGAIN or _FAILED. */
+int tap_io_read(int fd, void *buf, uint32_t size, uint32_t *len, const struct tap_io_tally *t);
+/* One frame of len bytes: TAP_IO_FRAME, _DROPPED (also when len < min_len)
+ * or _FAILED. */
+int tap_io_write(int fd, const void *buf, uint32_t len, uint32_t min_len,
+                 const struct tap_io_tally *t);
+/* Count one frame of len bytes that a caller moved after its read (a read
+ * into a staging buffer, delivered later). */
+void tap_io_count_frame(const struct tap_io_tally *t, uint32_t len);
+
+#endif
