@@ -13,44 +13,144 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from pyvmm._native import lib
+from pyvmm._native import ffi
 
 #: Version of the snapshot's layout; bumped when a key changes meaning or
 #: goes away (new keys may appear within a version). docs/stats.md.
 SCHEMA = "pyvmm-stats/1"
 
-#: hvt hypercall numbers (csrc/hvt_abi.h) by name, for counting.
-HYPERCALL_NAMES = {
-    lib.HVT_HYPERCALL_WALLTIME: "walltime",
-    lib.HVT_HYPERCALL_PUTS: "puts",
-    lib.HVT_HYPERCALL_POLL: "poll",
-    lib.HVT_HYPERCALL_BLOCK_WRITE: "block_write",
-    lib.HVT_HYPERCALL_BLOCK_READ: "block_read",
-    lib.HVT_HYPERCALL_NET_WRITE: "net_write",
-    lib.HVT_HYPERCALL_NET_READ: "net_read",
-    lib.HVT_HYPERCALL_HALT: "halt",
-}
-#: The fast path's counter for each hypercall it answers.
-_FAST_PATH_BY_NAME = {
-    "walltime": ("walltimes",),
-    "poll": ("polls",),
-    "block_write": ("block_writes",),
-    "block_read": ("block_reads",),
-    "net_write": ("net_writes",),
-    "net_read": ("net_reads", "net_reads_again"),
+
+def _hypercall_names() -> dict[int, str]:
+    """hvt hypercall numbers by name, as enum hvt_hypercall (csrc/hvt_abi.h)
+    names them: HVT_HYPERCALL_NET_READ counts as ``net_read``."""
+    prefix = "HVT_HYPERCALL_"
+    elements = ffi.typeof("enum hvt_hypercall").elements
+    return {n: name.removeprefix(prefix).lower() for n, name in sorted(elements.items())}
+
+
+def counter_fields(struct: str) -> tuple[str, ...]:
+    """The counters of a C struct, in its order: its scalar 64-bit fields
+    (the others are the struct's settings: fds, sizes, arrays, pointers)."""
+    fields = ffi.typeof(struct).fields
+    return tuple(n for n, f in fields if f.type.kind == "primitive" and f.type.cname == "uint64_t")
+
+
+HYPERCALL_NAMES = _hypercall_names()
+
+# -- what the counters mean ------------------------------------------------------
+#
+# Each counter is named once, where it is counted: a C struct's field (read
+# through cffi) or a device's counters() key. The tables below only say
+# what a name means to the views; a name they do not list is still shown
+# under its section, just not classified.
+
+#: pyvmm's own drops, by cause: the views' key for it, and the cause in
+#: words. A counter is one of pyvmm's drops when NET_MEANING gives it one
+#: of these keys.
+DROP_CAUSES = {
+    "drops_full": "guest's ring full",
+    "drops_oversize": "too long for the guest's buffer",
+    "drops_bad": "bad ring entry",
+    "drops_refused": "refused by the tap",
 }
 
-#: The fast path's per-hypercall counters (struct pyvmm_fastpath, hcfast.h).
-FAST_PATH_COUNTERS = (
-    "answered",
-    "walltimes",
-    "net_reads",
-    "net_reads_again",
-    "net_writes",
-    "polls",
-    "block_reads",
-    "block_writes",
+#: What the views make of a net path's counters, by the snapshot's section
+#: and the counter's own name: frames and bytes to the guest (``rx_*``) and
+#: from it (``tx_*``), pyvmm's own drops by cause (DROP_CAUSES) and the
+#: tap's as the kernel counts them, by direction as the guest sees it.
+NET_MEANING: dict[str, dict[str, str]] = {
+    # shmstream's rings, per device (struct shm_counters, csrc/iothread.h).
+    "shmstream": {
+        "rx_frames": "rx_frames",
+        "rx_bytes": "rx_bytes",
+        "tx_frames": "tx_frames",
+        "tx_bytes": "tx_bytes",
+        "rx_drops_full": "drops_full",
+        "rx_drops_oversize": "drops_oversize",
+        "rx_bad_index": "drops_bad",
+        "tx_bad_index": "drops_bad",
+        "tx_drops_bad_len": "drops_bad",
+        "tx_drops_backend": "drops_refused",
+    },
+    # Solo5's ring, one for every device (struct solo5_ring_counters).
+    "solo5_ring": {
+        "reads": "rx_frames",
+        "read_bytes": "rx_bytes",
+        "writes": "tx_frames",
+        "write_bytes": "tx_bytes",
+        "read_drops_oversize": "drops_oversize",
+        "bad_entries": "drops_bad",
+        "bad_index": "drops_bad",
+        "write_failures": "drops_refused",
+    },
+    # The hypercall path's drops, C and Python together (a net device's
+    # counters() names them; the fast path's are FAST_PATH_DROPS).
+    "tap_drops": {"rx_oversize": "drops_oversize", "tx": "drops_refused"},
+    # A tap as the kernel counts it: it transmits to its reader, so its
+    # ``tx`` is towards the guest.
+    "taps": {
+        "tx_packets": "rx_frames",
+        "tx_bytes": "rx_bytes",
+        "rx_packets": "tx_frames",
+        "rx_bytes": "tx_bytes",
+        "tx_dropped": "tap_to_guest",
+        "rx_dropped": "tap_from_guest",
+    },
+}
+
+
+def by_meaning(section: str, counted: dict[str, int] | None) -> dict[str, int]:
+    """A section's counters summed by what they mean (NET_MEANING); those
+    the table gives no meaning are left out."""
+    out: dict[str, int] = {}
+    for name, meaning in NET_MEANING[section].items():
+        if counted and name in counted:
+            out[meaning] = out.get(meaning, 0) + counted[name]
+    return out
+
+
+def drop_counters(section: str) -> tuple[str, ...]:
+    """The counters of a section that are pyvmm's own drops."""
+    return tuple(n for n, m in NET_MEANING[section].items() if m in DROP_CAUSES)
+
+
+def dropped(section: str, counted: dict[str, int] | None) -> int:
+    """How many frames a section's counters say pyvmm dropped."""
+    return sum(v for k, v in by_meaning(section, counted).items() if k in DROP_CAUSES)
+
+
+#: The fast path's own drops (struct pyvmm_fastpath), by the name the
+#: hypercall path gives them in ``tap_drops``: its drop rule is TapBackend's.
+FAST_PATH_DROPS = {"rx_dropped": "rx_oversize", "tx_dropped": "tx"}
+
+#: What the fast path answered (struct pyvmm_fastpath, csrc/hcfast.h):
+#: ``answered``, every one, and a counter per hypercall, named after it
+#: (``polls``; ``net_reads_again`` for a kind of answer).
+FAST_PATH_COUNTERS = tuple(
+    n for n in counter_fields("struct pyvmm_fastpath") if n not in FAST_PATH_DROPS
 )
+
+
+def _fast_path_by_name() -> dict[str, tuple[str, ...]]:
+    """The fast path's counters for each hypercall: ``NAMEs``, and
+    ``NAMEs_...`` for a kind of answer (``net_reads_again``)."""
+    out = {}
+    for name in HYPERCALL_NAMES.values():
+        fields = tuple(
+            f for f in FAST_PATH_COUNTERS if f == f"{name}s" or f.startswith(f"{name}s_")
+        )
+        if fields:
+            out[name] = fields
+    return out
+
+
+_FAST_PATH_BY_NAME = _fast_path_by_name()
+
+#: A device's counters() entries with a section of their own: the hypercall
+#: path's drops (summed over the devices, with the fast path's) and, as
+#: ``tap_*``, its tap as the kernel counts it (``taps``, per device). Every
+#: other entry goes under ``devices``, per device, by the device's name.
+TAP_PREFIX = "tap_"
 
 
 class ExitCounters:
@@ -102,16 +202,16 @@ def fast_path_counters(fast_path: Any) -> dict[str, int] | None:
 def tap_drops(counted: list[dict[str, int]], fast_path: Any) -> dict[str, int] | None:
     """Frames the plain hypercall path dropped, C and Python alike: too long
     for the guest's buffer, or refused by a full tap (``counted``: every
-    device's ``counters()``)."""
-    counted = [c for c in counted if "rx_oversize" in c]
+    device's ``counters()``; None without a device that counts them)."""
+    names = NET_MEANING["tap_drops"]
+    counted = [c for c in counted if any(n in c for n in names)]
     if not counted:
         return None
-    rx = sum(c["rx_oversize"] for c in counted)
-    tx = sum(c["tx"] for c in counted)
+    out = {n: sum(c.get(n, 0) for c in counted) for n in names}
     if fast_path is not None:
-        rx += fast_path.rx_dropped
-        tx += fast_path.tx_dropped
-    return {"rx_oversize": rx, "tx": tx}
+        for field, name in FAST_PATH_DROPS.items():
+            out[name] += getattr(fast_path, field)
+    return out
 
 
 def taps(devices: list[Any], counted: list[dict[str, int]]) -> dict[str, dict[str, int]] | None:
@@ -121,9 +221,23 @@ def taps(devices: list[Any], counted: list[dict[str, int]]) -> dict[str, dict[st
     (``tx_dropped``: frames for the guest nobody read in time)."""
     out = {}
     for device, c in zip(devices, counted, strict=True):
-        kernel = {k[4:]: v for k, v in c.items() if k.startswith("tap_")}
+        kernel = {k.removeprefix(TAP_PREFIX): v for k, v in c.items() if k.startswith(TAP_PREFIX)}
         if kernel:
             out[device.name] = kernel
+    return out or None
+
+
+def device_counters(
+    devices: list[Any], counted: list[dict[str, int]]
+) -> dict[str, dict[str, int]] | None:
+    """What each device counts beyond the sections above, by its own names:
+    a device kind's counters reach the snapshot without a line here."""
+    own = NET_MEANING["tap_drops"]
+    out = {}
+    for device, c in zip(devices, counted, strict=True):
+        rest = {k: v for k, v in c.items() if k not in own and not k.startswith(TAP_PREFIX)}
+        if rest:
+            out[device.name] = rest
     return out or None
 
 
@@ -160,6 +274,9 @@ def report(
     kernel = taps(devices, counted)
     if kernel is not None:
         out["taps"] = kernel
+    rest = device_counters(devices, counted)
+    if rest is not None:
+        out["devices"] = rest
     if kvm is not None:
         out["kvm"] = kvm
     if net_service is not None:

@@ -28,6 +28,7 @@ from typing import IO, Any
 
 from pyvmm import trace
 from pyvmm.errors import UsageError
+from pyvmm.stats import DROP_CAUSES, by_meaning, dropped
 
 Snapshot = dict[str, Any]
 
@@ -62,9 +63,7 @@ def is_live_line(line: str) -> bool:
 
 def _tap_drops(kernel: dict[str, int] | None) -> dict[str, int]:
     """A tap's own drops, by direction as the guest sees it."""
-    if not kernel:
-        return {}
-    return {"tap_to_guest": kernel["tx_dropped"], "tap_from_guest": kernel["rx_dropped"]}
+    return {k: v for k, v in by_meaning("taps", kernel).items() if k.startswith("tap_")}
 
 
 def net_devices(snap: Snapshot) -> dict[str, dict[str, int]]:
@@ -72,75 +71,40 @@ def net_devices(snap: Snapshot) -> dict[str, dict[str, int]]:
     (``tx``), pyvmm's own drops by cause (``drops_*``) and the tap's
     (``tap_to_guest``, ``tap_from_guest``), whichever path moved the frames:
     shmstream's rings (per device), Solo5's ring (one for every device) or
-    the hypercalls (the tap's own counts: the frames pyvmm read and wrote)."""
+    the hypercalls (the tap's own counts: the frames pyvmm read and wrote).
+    What each counter means is stats.NET_MEANING's."""
     taps = snap.get("taps") or {}
     shm = snap.get("shmstream")
     if shm:
         return {
-            name: {
-                "rx_frames": c["rx_frames"],
-                "rx_bytes": c["rx_bytes"],
-                "tx_frames": c["tx_frames"],
-                "tx_bytes": c["tx_bytes"],
-                "drops_full": c["rx_drops_full"],
-                "drops_oversize": c["rx_drops_oversize"],
-                "drops_bad": c["rx_bad_index"] + c["tx_bad_index"] + c["tx_drops_bad_len"],
-                "drops_refused": c["tx_drops_backend"],
-                **_tap_drops(taps.get(name)),
-            }
+            name: {**by_meaning("shmstream", c), **_tap_drops(taps.get(name))}
             for name, c in shm["devices"].items()
         }
     ring = snap.get("solo5_ring")
     if ring:
-        r = ring["ring"]
-        kernel = {key: sum(t[key] for t in taps.values()) for key in ("tx_dropped", "rx_dropped")}
+        kernel: dict[str, int] = {}
+        for t in taps.values():
+            for key, value in _tap_drops(t).items():
+                kernel[key] = kernel.get(key, 0) + value
         return {
             next(iter(taps)) if len(taps) == 1 else "ring": {
-                "rx_frames": r["reads"],
-                "rx_bytes": r["read_bytes"],
-                "tx_frames": r["writes"],
-                "tx_bytes": r["write_bytes"],
-                "drops_oversize": r.get("read_drops_oversize", 0),
-                "drops_bad": r["bad_entries"] + r["bad_index"],
-                **_tap_drops(kernel if taps else None),
+                **by_meaning("solo5_ring", ring["ring"]),
+                **kernel,
             }
         }
     # The hypercall path: pyvmm's drops are counted for all devices at once,
     # so they are a device's only when it is the only one.
     hypercall = snap.get("tap_drops") or {}
-    own = (
-        {"drops_oversize": hypercall["rx_oversize"], "drops_refused": hypercall["tx"]}
-        if hypercall and len(taps) == 1
-        else {}
-    )
-    return {
-        name: {
-            "rx_frames": t["tx_packets"],
-            "rx_bytes": t["tx_bytes"],
-            "tx_frames": t["rx_packets"],
-            "tx_bytes": t["rx_bytes"],
-            **own,
-            **_tap_drops(t),
-        }
-        for name, t in taps.items()
-    }
+    own = by_meaning("tap_drops", hypercall) if hypercall and len(taps) == 1 else {}
+    return {name: {**by_meaning("taps", t), **own} for name, t in taps.items()}
 
 
 def pyvmm_drops(snap: Snapshot) -> int:
     """Every frame pyvmm itself dropped, on any path and device."""
-    total = sum((snap.get("tap_drops") or {}).values())
+    total = dropped("tap_drops", snap.get("tap_drops"))
     for c in (snap.get("shmstream") or {}).get("devices", {}).values():
-        total += (
-            c["rx_drops_full"]
-            + c["rx_drops_oversize"]
-            + c["rx_bad_index"]
-            + c["tx_bad_index"]
-            + c["tx_drops_bad_len"]
-            + c["tx_drops_backend"]
-        )
-    ring = (snap.get("solo5_ring") or {}).get("ring")
-    if ring:
-        total += ring.get("read_drops_oversize", 0) + ring["bad_entries"] + ring["bad_index"]
+        total += dropped("shmstream", c)
+    total += dropped("solo5_ring", (snap.get("solo5_ring") or {}).get("ring"))
     return total
 
 
@@ -299,13 +263,6 @@ KVM_EXIT_KINDS = (
     "pf_taken",
 )
 
-_DROP_CAUSES = {
-    "drops_full": "guest's ring full",
-    "drops_oversize": "too long for the guest's buffer",
-    "drops_bad": "bad ring entry",
-    "drops_refused": "refused by the tap",
-}
-
 
 def _bytes(value: float) -> str:
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -351,7 +308,7 @@ def summary(snap: Snapshot) -> str:
             f"  net {name}: to the guest {dev['rx_frames']} frames ({_bytes(dev['rx_bytes'])}), "
             f"from the guest {dev['tx_frames']} frames ({_bytes(dev['tx_bytes'])})"
         )
-        own = {cause: dev[key] for key, cause in _DROP_CAUSES.items() if dev.get(key)}
+        own = {cause: dev[key] for key, cause in DROP_CAUSES.items() if dev.get(key)}
         drops = "    dropped by pyvmm: " + (
             ", ".join(f"{v} ({k})" for k, v in own.items()) or "none"
         )
@@ -362,13 +319,17 @@ def summary(snap: Snapshot) -> str:
             )
         lines.append(drops)
     hypercall = snap.get("tap_drops") or {}
-    attributed = any("drops_refused" in d for d in devices.values())
+    # Shown per device already: on shmstream's rings (whose drops the
+    # hypercall path's are not) and for the one tap of the hypercall path.
+    attributed = "shmstream" in snap or ("solo5_ring" not in snap and len(devices) == 1)
     if any(hypercall.values()) and not attributed:
         lines.append(
             f"  dropped by pyvmm on the hypercall path (all devices): "
             f"{hypercall['rx_oversize']} too long for the guest's buffer, "
             f"{hypercall['tx']} refused by the tap"
         )
+    for name, counted in (snap.get("devices") or {}).items():
+        lines.append(f"  device {name}: " + ", ".join(f"{k} {v}" for k, v in counted.items()))
     thread = _thread(snap)
     cpu = f"  CPU time: vCPU thread {_percent(snap.get('vcpu_thread_cpu_ns', 0), seconds)}"
     if thread:
