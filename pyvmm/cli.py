@@ -25,8 +25,8 @@ import _signal  # signal's constants without the signal module (it imports enum)
 import os
 import sys
 
-from pyvmm import __version__, entry, trace
-from pyvmm.config import DEFAULT_MEM_MIB, VmConfig, is_decimal, positive_int
+from pyvmm import __version__, stopping, trace
+from pyvmm.config import DEFAULT_MEM_MIB, VmConfig, is_decimal
 from pyvmm.errors import OutputError, PyvmmError, UsageError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (docs/startup.md)
@@ -38,17 +38,12 @@ if TYPE_CHECKING:
 trace.early("imports: command line")
 
 CPL_VALUES = ("auto", "0", "3", "deprivileged")
-SHM_VALUES = ("off", "poll", "event", "hybrid")
 LOG_LEVELS = ("error", "warning", "info", "debug")
 #: --snapshot-at's triggers (pyvmm/snapshot/writer.py).
 SNAPSHOT_TRIGGERS = ("first-wait", "sigusr2")
 _HELP_COLUMN = 32
 #: --help fits a terminal of 80 columns.
 HELP_WIDTH = 80
-
-# The hybrid budget is microseconds of polling without work; past a second
-# it is poll mode, and the C side holds it in 32 bits.
-MAX_HYBRID_BUDGET_US = 1_000_000
 
 
 # The classes here are plain ones, not dataclasses: the dataclasses module
@@ -185,13 +180,6 @@ def _mem(name: str, value: str) -> int:
     return int(value)
 
 
-def _shm_slots(name: str, value: str) -> int:
-    slots = positive_int(name, value)
-    if slots & (slots - 1) or not 2 <= slots <= 32768:
-        raise UsageError(f"{name}: {slots} is not a power of two in [2, 32768]")
-    return slots
-
-
 def _pin(cmd: Command, name: str, value: str | None) -> None:
     cpus = os.sched_getaffinity(0)
     for part in (value or "").split(","):
@@ -275,29 +263,6 @@ OPTIONS: tuple[CliOption | object, ...] = (
         complete="|".join(CPL_VALUES),
     ),
     CliOption(
-        ("--shm",),
-        "off|poll|event|hybrid",
-        "shmstream ring networking for guests with a\n"
-        "shmstream driver: the IO thread's mode\n"
-        "(default event; off = plain hypercalls)",
-        _set("shm", _choice(SHM_VALUES)),
-        complete="|".join(SHM_VALUES),
-    ),
-    CliOption(
-        ("--hybrid-budget",),
-        "US",
-        "hybrid mode: keep polling this many\n"
-        "microseconds without work before sleeping\n"
-        "(default 2000)",
-        _set("hybrid_budget_us", lambda n, v: positive_int(n, v, MAX_HYBRID_BUDGET_US)),
-    ),
-    CliOption(
-        ("--no-net-ring",),
-        "",
-        "do not offer Solo5's ring I/O to Solo5 v0.11+\nunikernels (as solo5-hvt's option)",
-        _set("no_net_ring"),
-    ),
-    CliOption(
         ("--legacy-abi",),
         "",
         "also boot unikernels with hvt ABI version 1\n"
@@ -348,12 +313,6 @@ OPTIONS: tuple[CliOption | object, ...] = (
         "--gdb on a new Unix socket at PATH (removed once\ngdb connects)",
         _gdb_socket,
         complete="file",
-    ),
-    CliOption(
-        ("--shm-slots",),
-        "N",
-        "slots per ring, a power of two (default: as\nmany as fit in 1/8 of guest memory, <= 4096)",
-        _set("shm_slots", _shm_slots),
     ),
     CliOption(
         ("--pin",),
@@ -580,9 +539,10 @@ def help_entries() -> Iterator[HelpEntry]:
             yield HelpEntry(
                 opt.form(), opt.help, opt.names, opt.complete, opt.takes_value, opt.optional_value
             )
-        else:
-            for kind in kinds():
-                for device_opt in kind.options:
+        after = opt.names[-1] if isinstance(opt, CliOption) else ""
+        for kind in kinds():  # a kind's options listed here (Option.after)
+            for device_opt in kind.options:
+                if device_opt.after == after:
                     yield from device_entries(kind, device_opt)
 
 
@@ -752,7 +712,7 @@ def parse_command(argv: list[str]) -> Command:
                 arg = f"{head}={given_value}"
             elif not opt.takes_value and given_value is not None:
                 raise UsageError(f"{head} takes no value (given: {arg})")
-            if opt.takes_value and not given_value:
+            if opt.takes_value and not given_value and opt.named:
                 raise UsageError(f"{arg}: missing {opt.metavar} after '='")
             _once(cmd, (head, None), arg, head)
             value = opt.parse(head, given_value) if opt.takes_value else True
@@ -774,8 +734,11 @@ def parse_command(argv: list[str]) -> Command:
         raise UsageError("--json applies only to --query-manifest")
     if cmd.action == "query-manifest":
         _only_query_options(cmd, core)
-    if cmd.config.hybrid_budget_us is not None and cmd.config.shm != "hybrid":
-        raise UsageError("--hybrid-budget applies only to --shm=hybrid")
+    if devices:  # the kinds' own checks of their options (imported: some were given)
+        from pyvmm.devices import kinds
+
+        for kind in kinds():
+            kind.check_options(cmd.config.devices)
     return cmd
 
 
@@ -890,16 +853,6 @@ def version_text() -> tuple[str, NoHostFacts | None]:
     return "\n".join(lines), None
 
 
-def _say(line: str) -> None:
-    """One line on stderr (sys.stderr is None if fd 2 was closed at start)."""
-    try:
-        if sys.stderr is not None:
-            sys.stderr.write(line + "\n")
-            sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
-
-
 def _emit(text: str) -> None:
     """``text`` on stdout, or OutputError (stdout closed, full, gone)."""
     data = text.encode()
@@ -910,122 +863,51 @@ def _emit(text: str) -> None:
         raise OutputError(f"cannot write to standard output: {err.strerror or err}") from None
 
 
-def _standard_fds() -> None:
-    """Refuse a closed stdout at once (the guest's console goes there), and
-    hold fds 0 and 2 open if they are closed, so that no device or file
-    pyvmm opens later gets one of them."""
-    for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-            continue
-        except OSError:
-            pass
-        if fd == 1:
-            raise OutputError(
-                "standard output is closed: the guest's console output would be lost "
-                "(redirect it to a file or /dev/null instead)"
-            )
-        null = os.open(os.devnull, os.O_RDWR)
-        if null != fd:
-            os.dup2(null, fd)
-            os.close(null)
-
-
-def _setup_logging(level: str) -> None:
-    import logging
-
-    from pyvmm.log import log
-
-    class _LineFormatter(logging.Formatter):
-        def format(self, record: logging.LogRecord) -> str:
-            return "pyvmm: " + " ".join(super().format(record).split("\n"))
-
-    handler = logging.StreamHandler(sys.stderr if sys.stderr is not None else sys.__stderr__)
-    handler.setFormatter(_LineFormatter())
-    log.handlers[:] = [handler]
-    log.propagate = False
-    log.setLevel(level.upper())
-
-
-def _defer_logging(level: str) -> None:
-    """As _setup_logging, but logging is imported only for the first line
-    shown (most runs show none: pyvmm.log)."""
-    from pyvmm.log import log
-
-    log.defer(
-        {"error": 40, "warning": 30, "info": 20, "debug": 10}[level],
-        lambda: _setup_logging(level),
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
+    """The command's exit status, its errors told as pyvmm.stopping says
+    (its ``serve`` and ``run`` subcommands are pyvmm.serve's: pyvmm.entry
+    chooses)."""
     argv = sys.argv[1:] if argv is None else argv
     # SIGUSR1 asks a running guest's counters (statsview.py); before the
     # guest runs there are none to print, and it must not kill pyvmm.
     _signal.signal(_signal.SIGUSR1, _signal.SIG_IGN)
-    cmd: Command | None = None
-    try:
-        _standard_fds()
-        if argv[:1] in (["serve"], ["run"]):  # the warm launcher and its client
-            from pyvmm.serve import main as serve_main
+    parsed: list[Command] = []
 
-            return serve_main(argv)
-        cmd = parse_command(argv)
-        trace.early("argument parsing")
-        if cmd.trace is not None:
-            try:
-                trace.enable(cmd.trace)
-            except OSError as err:
-                raise UsageError(f"--trace: cannot create {cmd.trace}: {err.strerror}") from None
-        if cmd.action == "help":
-            _emit(usage())
-            return 0
-        if cmd.action == "version":
-            text, unavailable = version_text()
-            trace.mark("host facts (/dev/kvm, a throw-away VM and vCPU)")
-            _emit(text + "\n")
-            if unavailable is not None:
-                raise unavailable
-            return 0
-        _defer_logging(cmd.log_level)
-        if cmd.action == "query-manifest":
-            from pyvmm.query import query_manifest
+    def explain(err: PyvmmError) -> str:
+        return kernel_hint(parsed[0], err) if parsed else str(err)
 
-            _emit(query_manifest(cmd.config.kernel, as_json=cmd.json, legacy=True))
-            return 0
-        from pyvmm.vmm import run
-
-        trace.mark("imports: VMM")
-        entry.check()
-        return run(cmd.config)
-    except PyvmmError as err:
-        if entry.stop_signal():
-            raise
-        if sys.stdout is not None:
-            try:
-                sys.stdout.flush()
-            except OSError:
-                pass
-        _say(f"pyvmm: {kernel_hint(cmd, err) if cmd is not None else err}")
-        return err.exit_status
-    except KeyboardInterrupt:  # called without pyvmm.entry (tests, a program)
-        _say(f"pyvmm: {stop_text(_signal.SIGINT)}")
-        return 128 + _signal.SIGINT
-    except Exception as err:  # a pyvmm bug: still one line, details on request
-        if entry.stop_signal() or os.environ.get("PYVMM_DEBUG"):
-            raise
-        _say(
-            f"pyvmm: internal error: {type(err).__name__}: {err} "
-            "(PYVMM_DEBUG=1 shows where; please report it)"
-        )
-        return 1
+    return stopping.contained(lambda: _command(argv, parsed), explain)
 
 
-def stop_text(signum: int) -> str:
-    from pyvmm.errors import stop_message
+def _command(argv: list[str], parsed: list[Command]) -> int:
+    """What the command line asks for, done; the command parsed into ``parsed``."""
+    stopping.standard_fds()
+    cmd = parse_command(argv)
+    parsed.append(cmd)
+    trace.early("argument parsing")
+    if cmd.trace is not None:
+        try:
+            trace.enable(cmd.trace)
+        except OSError as err:
+            raise UsageError(f"--trace: cannot create {cmd.trace}: {err.strerror}") from None
+    if cmd.action == "help":
+        _emit(usage())
+        return 0
+    if cmd.action == "version":
+        text, unavailable = version_text()
+        trace.mark("host facts (/dev/kvm, a throw-away VM and vCPU)")
+        _emit(text + "\n")
+        if unavailable is not None:
+            raise unavailable
+        return 0
+    stopping.defer_logging(cmd.log_level)
+    if cmd.action == "query-manifest":
+        from pyvmm.query import query_manifest
 
-    return stop_message(signum)
+        _emit(query_manifest(cmd.config.kernel, as_json=cmd.json, legacy=True))
+        return 0
+    from pyvmm.vmm import run
 
-
-if __name__ == "__main__":
-    entry.run()
+    trace.mark("imports: VMM")
+    stopping.check()
+    return run(cmd.config)

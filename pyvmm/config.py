@@ -9,8 +9,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 DEFAULT_MEM_MIB = 512
-# The IO thread mode when --shm is not given (docs/modes.md says why).
-DEFAULT_SHM_MODE = "event"
 
 
 def is_decimal(text: str) -> bool:
@@ -40,18 +38,11 @@ class VmConfig:
     mem_mib: int = DEFAULT_MEM_MIB
     # Device options (pyvmm.devices): flag -> {device name: value}, e.g.
     # {"net": {"service0": "tap100"}, "block": {"storage": "disk.img"}};
-    # the short form --net=IFACE is stored under the name None.
+    # the short form --net=IFACE and a kind's own options (--shm=poll:
+    # {"shm": {None: "poll"}}) are stored under the name None.
     devices: dict[str, dict[str | None, Any]] = {}
     # Privilege level of the guest: "auto", "0" or "3" (see plan.choose_cpl).
     cpl: str = "auto"
-    # shmstream: None = auto (DEFAULT_SHM_MODE for guests that ask for it),
-    # "off", or an IO thread mode ("poll", "event", "hybrid").
-    shm: str | None = None
-    hybrid_budget_us: int | None = None
-    # Slots per ring; None: as many as fit in 1/8 of memory, at most 4096.
-    shm_slots: int | None = None
-    # Do not offer Solo5's own ring I/O (solo5-hvt's --no-net-ring).
-    no_net_ring: bool = False
     # Also boot guests with Solo5 hvt ABI version 1 (Solo5 <= 0.9 builds).
     legacy_abi: bool = False
     # The seccomp filter (sandbox.py) once set-up is over: the command turns

@@ -1,8 +1,9 @@
 """Every decision of a run, made once, before any host resource is touched.
 
 ``make_plan`` turns the command line and the unikernel into a ``Plan``:
-memory size and layout, privilege level, which ring transport the guest
-gets and where, the IO thread's settings. It opens nothing (the unikernel
+memory size and layout, privilege level, and what each device kind
+decides (its own plan: for net, which ring transport the guest gets and
+where, and the IO thread's settings). It opens nothing (the unikernel
 is read through the ``load`` it is given), so every user mistake is
 reported before a tap or /dev/kvm is opened, and the rules are unit-tested
 without KVM. ``vmm.Vmm`` carries the plan out.
@@ -12,44 +13,51 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from pyvmm.arch import Arch, host_arch
-from pyvmm.config import DEFAULT_SHM_MODE, VmConfig
-from pyvmm.devices import DeviceKind, Request, resolve
-from pyvmm.devices.net.shmstream import ShmLayout
-from pyvmm.devices.net.solo5_ring import RING_AREA
+from pyvmm.config import VmConfig
+from pyvmm.devices import DeviceKind, KindPlan, Request, kinds, resolve
 from pyvmm.errors import UsageError
 from pyvmm.hvt.bootinfo import join_cmdline
-from pyvmm.iothread import DEFAULT_HYBRID_BUDGET_US, IoConfig
-from pyvmm.loader import DeviceType, Kernel
+from pyvmm.loader import Kernel
 from pyvmm.log import INFO, log
 from pyvmm.sizes import GUEST_MEMORY_LIMIT, MEM_GRANULE, MIB
 
 KernelLoader = Callable[..., Kernel]
 
 
-@dataclass(frozen=True)
 class Plan:
     """Every decision of a run, made before any host resource is touched."""
 
-    arch: Arch
-    kernel: Kernel
-    cmdline: bytes
-    #: Bytes of guest memory mapped (--mem, rounded).
-    mem_size: int
-    #: What the guest may use (boot_info.mem_size): below any ring area.
-    usable: int
-    #: How the guest's code runs (pyvmm.arch.MODES).
-    mode: str
-    #: Every device to attach, matched to the manifest, in manifest order.
-    devices: list[tuple[DeviceKind, Request]]
-    #: "off" or the IO thread mode serving a shmstream region.
-    shm_mode: str
-    shm_layout: ShmLayout | None
-    #: Where Solo5's own ring lives, when the guest gets it.
-    solo5_ring_gpa: int | None
-    io: IoConfig
+    __slots__ = ("arch", "kernel", "cmdline", "mem_size", "usable", "mode", "devices", "kinds")
+
+    def __init__(
+        self,
+        arch: Arch,
+        kernel: Kernel,
+        cmdline: bytes,
+        mem_size: int,
+        usable: int,
+        mode: str,
+        devices: list[tuple[DeviceKind, Request]],
+        kinds: list[tuple[DeviceKind, KindPlan | None]],
+    ) -> None:
+        self.arch = arch
+        self.kernel = kernel
+        self.cmdline = cmdline
+        #: Bytes of guest memory mapped (--mem, rounded).
+        self.mem_size = mem_size
+        #: What the guest may use (boot_info.mem_size): below every kind's area.
+        self.usable = usable
+        #: How the guest's code runs (pyvmm.arch.MODES).
+        self.mode = mode
+        #: Every device to attach, matched to the manifest, in manifest order.
+        self.devices = devices
+        #: Every kind (devices.kinds()) with what it decided, in that order.
+        self.kinds = kinds
+
+    def kind_plan(self, kind: DeviceKind) -> KindPlan | None:
+        return next(p for k, p in self.kinds if k is kind)
 
     @property
     def cpl(self) -> int:
@@ -69,30 +77,21 @@ def make_plan(config: VmConfig, *, machine: str, flavour: str, load: KernelLoade
     kernel = load(config.kernel, machine, legacy_abi=config.legacy_abi)
     arch = host_arch(machine)
     devices = resolve(config.devices, kernel.manifest)
-    nets = [request.handle for kind, request in devices if kind.type == DeviceType.NET]
-    if nets and (config.snapshot_at is not None or config.restore is not None):
-        raise UsageError(
-            f"--{'snapshot-at' if config.snapshot_at else 'restore'}: a guest with net devices "
-            "cannot be snapshotted or restored yet (its rings' and taps' state is not saved)"
-        )
-    shm_mode = choose_shm(config.shm, kernel, bool(nets))
-    if config.shm_slots is not None and shm_mode == "off":
-        why = "--shm=off" if config.shm == "off" else "no net device or no shmstream driver"
-        raise UsageError(f"--shm-slots: {kernel.path} gets no shmstream region ({why})")
-    layout = None
-    usable = mem_size
-    if shm_mode != "off":
-        layout = ShmLayout.plan(mem_size, tuple(sorted(nets)), config.shm_slots)
-        usable = layout.gpa
-    ring_gpa = None
-    if choose_solo5_ring(config, kernel, bool(nets), shm_mode):
-        if usable <= RING_AREA:
+    for kind in dict.fromkeys(k for k, _ in devices if k.not_snapshotted):
+        if config.snapshot_at is not None or config.restore is not None:
             raise UsageError(
-                f"Not enough guest memory for ring allocation: --mem={config.mem_mib} is too "
-                f"small for the Solo5 net ring (--no-net-ring uses hypercalls instead)"
+                f"--{'snapshot-at' if config.snapshot_at else 'restore'}: a guest with "
+                f"{kind.label} devices cannot be snapshotted or restored yet "
+                f"({kind.not_snapshotted})"
             )
-        usable -= RING_AREA
-        ring_gpa = usable
+    # Each kind reserves its area below the previous one's, from the top.
+    usable = mem_size
+    planned: list[tuple[DeviceKind, KindPlan | None]] = []
+    for kind in kinds():
+        decided = kind.plan(config, kernel, [r for k, r in devices if k is kind], usable)
+        if decided is not None:
+            usable = decided.bottom
+        planned.append((kind, decided))
     kernel.check_fits(usable)
     mode = choose_mode(config.cpl, kernel, flavour)
     if mode == "user" and config.cpl == "auto" and config.gdb:
@@ -101,11 +100,6 @@ def make_plan(config: VmConfig, *, machine: str, flavour: str, load: KernelLoade
         raise UsageError(
             f"--cpl={config.cpl}: {machine} hosts run guests in {', '.join(arch.modes)} mode only"
         )
-    io = IoConfig(
-        mode=config.shm if config.shm not in (None, "off") else DEFAULT_SHM_MODE,
-        hybrid_budget_us=config.hybrid_budget_us or DEFAULT_HYBRID_BUDGET_US,
-        cpu=config.pin_io,
-    )
     plan = Plan(
         arch=arch,
         kernel=kernel,
@@ -114,10 +108,7 @@ def make_plan(config: VmConfig, *, machine: str, flavour: str, load: KernelLoade
         usable=usable,
         mode=mode,
         devices=devices,
-        shm_mode=shm_mode,
-        shm_layout=layout,
-        solo5_ring_gpa=ring_gpa,
-        io=io,
+        kinds=planned,
     )
     _explain(config, plan, flavour)
     return plan
@@ -183,31 +174,9 @@ def _explain(config: VmConfig, plan: Plan, flavour: str) -> None:
         kernel.entry,
         plan.stack_top,
     )
-    nets = [r.name for k, r in plan.devices if k.type == DeviceType.NET]
-    if plan.shm_layout is not None:
-        layout = plan.shm_layout
-        log.info(
-            "net: shmstream region at %#x (%d MiB, %d slots per ring), IO thread in %s mode",
-            layout.gpa,
-            layout.size // MIB,
-            layout.slots,
-            plan.shm_mode,
-        )
-    elif plan.solo5_ring_gpa is not None:
-        log.info(
-            "net: Solo5's ring I/O at %#x (%d bytes), served by the IO thread in %s mode "
-            "(--no-net-ring: hypercalls)",
-            plan.solo5_ring_gpa,
-            RING_AREA,
-            plan.io.mode,
-        )
-    elif nets:
-        why = (
-            "--shm=off"
-            if config.shm == "off"
-            else ("--no-net-ring" if config.no_net_ring else "ABI version 1 or no ring driver")
-        )
-        log.info("net: hvt hypercalls, one exit per frame (%s)", why)
+    for _, decided in plan.kinds:
+        for line in decided.explain() if decided is not None else ():
+            log.info("%s", line)
     options = {opt.flag: opt for kind, _ in plan.devices for opt in kind.options}
     for kind, request in plan.devices:
         log.info(
@@ -247,37 +216,3 @@ def choose_mode(requested: str, kernel: Kernel, flavour: str) -> str:
     if flavour != "pvm":
         return "kernel"
     return "user" if can else "deprivileged"
-
-
-def choose_shm(requested: str | None, kernel: Kernel, has_nets: bool) -> str:
-    """The shmstream mode for this guest's net devices, or "off".
-
-    Only a guest that declares a shmstream driver gets the region. For any
-    other guest an explicit mode still sets how the IO thread serves
-    Solo5's own ring (see choose_solo5_ring).
-    """
-    if requested == "off" or not has_nets or not kernel.capabilities.shmstream:
-        return "off"
-    if kernel.abi.legacy:  # reads no host features: cannot find a region
-        return "off"
-    return requested or DEFAULT_SHM_MODE
-
-
-def choose_solo5_ring(config: VmConfig, kernel: Kernel, has_nets: bool, shm_mode: str) -> bool:
-    """Whether to offer Solo5's ring I/O, as solo5-hvt does unless told not to."""
-    serve = (
-        shm_mode == "off"
-        and has_nets
-        and config.shm != "off"
-        and not config.no_net_ring
-        and not kernel.abi.legacy
-    )
-    if config.shm not in (None, "off") and shm_mode == "off" and not serve:
-        if not has_nets:
-            why = "no net device"
-        elif kernel.abi.legacy:
-            why = "ABI version 1, which knows no rings"
-        else:
-            why = "no shmstream driver and --no-net-ring is set"
-        raise UsageError(f"--shm={config.shm}: nothing to serve: {kernel.path} has {why}")
-    return serve

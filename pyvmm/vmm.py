@@ -21,7 +21,7 @@ from pyvmm.arch import ExitHandler
 from pyvmm.config import VmConfig
 from pyvmm.debug.report import annotate as annotate_fault
 from pyvmm.debug.symbols import SymbolFile
-from pyvmm.devices import Device, DeviceKind
+from pyvmm.devices import Device, DeviceKind, Service
 from pyvmm.devices.console import Console, ConsoleClosed
 from pyvmm.errors import (
     DeviceError,
@@ -34,12 +34,11 @@ from pyvmm.errors import (
 from pyvmm.faults import fault
 from pyvmm.hvt.bootinfo import BootInfo
 from pyvmm.hvt.hypercalls import Halt, Hypercalls
-from pyvmm.iothread import MODES
 from pyvmm.kvm import Interrupted, IoOut, Mmio, System, VcpuExit
 from pyvmm.kvm.exits import Debug
 from pyvmm.kvm.stats import KvmStats
 from pyvmm.kvm.system import kvm_flavour
-from pyvmm.loader import DeviceType, load_kernel, page_protections, place
+from pyvmm.loader import load_kernel, page_protections, place
 from pyvmm.memory import GuestMemory
 from pyvmm.plan import Plan, make_plan
 from pyvmm.record import replace
@@ -49,10 +48,6 @@ from pyvmm.statsview import StatsOutput, open_json
 if TYPE_CHECKING:
     from pyvmm.debug.core import CoreDir
     from pyvmm.debug.gdbstub import GdbStub
-
-    # Imported when a plan has net devices (a guest without any never does).
-    from pyvmm.devices.net.shmstream import ShmStream
-    from pyvmm.devices.net.solo5_ring import Solo5RingService
     from pyvmm.snapshot.restore import Restore
     from pyvmm.snapshot.writer import SnapshotTarget
 
@@ -77,7 +72,8 @@ class Vmm:
         self.core: CoreDir | None = None  # --dumpcore
         self.gdb: GdbStub | None = None  # --gdb
         self.symbols: SymbolFile | None = None  # read at a fault only
-        self.net_service: tuple[str, ShmStream | Solo5RingService] | None = None
+        #: Each kind's IO-thread service, if it has one (started by run()).
+        self.services: list[tuple[DeviceKind, Service]] = []
         self.devices: list[tuple[DeviceKind, Device]] = []
         self.elapsed = 0.0
         self.vcpu_cpu_ns = 0
@@ -105,6 +101,11 @@ class Vmm:
     @property
     def cpl(self) -> int:
         return self.plan.cpl
+
+    @property
+    def usable(self) -> int:
+        """What the guest may use (a kind's service checks guest buffers against it)."""
+        return self.plan.usable
 
     def _bring_up(self, plan: Plan) -> None:
         stack = self.stack
@@ -156,7 +157,7 @@ class Vmm:
             manifest=kernel.manifest.guest_copy(attachments),
             cmdline=plan.cmdline,
         )
-        boot, shm = self._start_net_service(plan, boot)
+        boot = self._start_services(plan, boot)
         if self.restoring is not None:  # the snapshot's vCPU state
             self.restoring.load_vcpu(system, vcpu, boot.cpu_cycle_freq // 1000)
         else:
@@ -186,7 +187,9 @@ class Vmm:
         if self.config.gdb:  # listening now; gdb is waited for in run()
             self._listen_for_gdb(plan)
         self._prepare_null_kick()
-        self.hypercalls = Hypercalls(memory, Console(), self.devices, self.stop_fd, shm)
+        self.hypercalls = Hypercalls(
+            memory, Console(), self.devices, self.stop_fd, [s for _, s in self.services]
+        )
         # PYVMM_PY_HYPERCALLS=1 answers every hypercall in Python (for
         # comparison and diagnosis; docs/architecture.md).
         self.fast_path = (
@@ -227,36 +230,17 @@ class Vmm:
         if self.exit_handler is not None and hasattr(self.exit_handler, "debugger"):
             self.exit_handler.debugger = self.gdb.trap_stop
 
-    def _start_net_service(self, plan: Plan, boot: BootInfo) -> tuple[BootInfo, ShmStream | None]:
-        """The IO thread's service for the net devices, as planned: Solo5's
-        ring, pyvmm's shmstream region, or none (plain hypercalls)."""
-        nets = {d.handle: d for kind, d in self.devices if kind.type == DeviceType.NET}
-        if plan.solo5_ring_gpa is not None:
-            from pyvmm.devices.net.solo5_ring import Solo5RingService
-
-            ring = Solo5RingService(
-                self.memory, plan.solo5_ring_gpa, plan.usable, nets, plan.io, self.vm
-            )
-            self.stack.callback(ring.close)
-            self.net_service = ("solo5_ring", ring)
-            boot = replace(boot, host_features=lib.HVT_FEATURE_RING_IO, net_ring=ring.gpa)
-        layout = plan.shm_layout and plan.shm_layout.serving(nets)
-        if layout is None:
-            return boot, None
-        from pyvmm.devices.net.shmstream import ShmStream
-
-        layout.write(self.memory)
-        shm = ShmStream(self.memory, layout, nets, plan.io, self.vm)
-        self.stack.callback(shm.close)
-        self.net_service = ("shmstream", shm)
-        boot = replace(
-            boot,
-            host_features=lib.PYVMM_FEATURE_BOOT_EXT,
-            shm_region=layout.gpa,
-            shm_size=layout.size,
-            shm_mode=MODES[plan.shm_mode],
-        )
-        return boot, shm
+    def _start_services(self, plan: Plan, boot: BootInfo) -> BootInfo:
+        """Each kind's IO-thread service for its devices, as its plan says
+        (none: plain hypercalls), and what it adds to the boot info."""
+        for kind, decided in plan.kinds:
+            devices = {d.handle: d for k, d in self.devices if k is kind}
+            service, fields = kind.start_service(decided, self, devices)
+            if service is not None:
+                self.services.append((kind, service))
+            if fields:
+                boot = replace(boot, **fields)
+        return boot
 
     def _prepare_null_kick(self) -> None:
         """Let guests measure a kick: KVM absorbs writes to this doorbell.
@@ -305,20 +289,19 @@ class Vmm:
         if err:
             raise HostError(f"cannot install signal handlers: {os.strerror(-err)}")
         self.running.set()
-        service = self.net_service[1] if self.net_service else None
         # This thread's CPU clock, readable from the statistics thread.
         self._vcpu_clock = time.pthread_getcpuclockid(threading.get_ident())
         # The CPU clock read inside the wall clock's interval, at both ends:
         # the thread's CPU time is never more than the run's time.
         self.started = time.monotonic()
         self._vcpu_cpu_start = time.clock_gettime_ns(self._vcpu_clock)
-        io_thread = None
+        io_threads = []
         try:
-            if service is not None:
+            for kind, service in self.services:
                 known = trace.tasks()
                 service.start()
                 trace.mark("IO thread start")
-                io_thread = trace.thread_started("IO thread", known)
+                io_threads.append((kind, service, trace.thread_started("IO thread", known)))
             # Every fd is open and every thread exists: give up what the
             # run does not need (docs/security.md).
             if self.config.user:
@@ -333,12 +316,13 @@ class Vmm:
             return self._loop()
         finally:
             trace.mark("guest: run to its end")
-            if service is not None:
+            for kind, service in self.services:
                 service.stop()
-                if io_thread is not None:  # --trace: its life, on its own thread
+                thread = next((t for k, s, t in io_threads if s is service), None)
+                if thread is not None:  # --trace: its life, on its own thread
                     served = service.counters()
-                    what = f"IO thread ({served['mode']}): serving the net devices"
-                    trace.thread_ended(io_thread, what, served["thread"])
+                    what = f"IO thread ({served['mode']}): serving the {kind.label} devices"
+                    trace.thread_ended(thread, what, served["thread"])
                 trace.mark("tear-down: IO thread stop")
             with self.running_lock:
                 self.running.clear()
@@ -364,7 +348,9 @@ class Vmm:
             fast_path=self.fast_path,
             devices=[device for _, device in self.devices],
             kvm=self.kvm_stats.read() if self.kvm_stats is not None else None,
-            net_service=self.net_service,
+            net_service=(
+                (self.services[0][1].key, self.services[0][1]) if self.services else None
+            ),
         )
         snapshot["seconds"] = round(self.elapsed, 6)
         return snapshot

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pyvmm.errors import UsageError
 
 if TYPE_CHECKING:
-    from pyvmm.loader import Attachment, DeviceType, Manifest
+    from pyvmm.config import VmConfig
+    from pyvmm.loader import Attachment, DeviceType, Kernel, Manifest
     from pyvmm.memory import GuestMemory
 
 
@@ -26,7 +26,6 @@ def text_value(option: str, value: str) -> str:
     return value
 
 
-@dataclass(frozen=True)
 class Option:
     """``--FLAG:NAME=VALUE`` for one device NAME of a kind.
 
@@ -34,20 +33,46 @@ class Option:
     the others set something about an attached one. ``short`` allows the
     nameless ``--FLAG=VALUE`` form too, meaning the manifest's only device
     of this kind (solo5-hvt's ``--net=IFACE``). An option that is not
-    ``named`` has only that form and applies to every device of the kind;
-    an empty ``metavar`` makes it a flag without a value (``--no-lock``).
+    ``named`` has only that form and applies to the whole kind: to each of
+    its devices' settings (``--no-lock``), or, not ``per_device``, only to
+    the kind's own plan (``--shm``), checked even with no device attached.
+    An empty ``metavar`` makes it a flag without a value.
     ``complete`` tells shell completion what the value is: "file",
-    "interface" or nothing. Every option may be given once (cli.py).
+    "interface", choices separated by "|", or nothing. ``after``: --help
+    lists the option right after that core option (``cpl`` for ``--cpl``)
+    instead of with the device options. Every option may be given once
+    (cli.py).
     """
 
-    flag: str
-    metavar: str
-    help: str
-    parse: Callable[[str, str], Any] = text_value
-    attaches: bool = False
-    short: bool = False
-    named: bool = True
-    complete: str = ""
+    __slots__ = ("flag", "metavar", "help", "parse", "attaches", "short", "named", "complete")
+    __slots__ += ("after", "per_device")
+
+    def __init__(
+        self,
+        flag: str,
+        metavar: str,
+        help: str,
+        parse: Callable[[str, str], Any] = text_value,
+        attaches: bool = False,
+        short: bool = False,
+        named: bool = True,
+        complete: str = "",
+        after: str = "",
+        per_device: bool = True,
+    ) -> None:
+        self.flag = flag
+        self.metavar = metavar
+        self.help = help
+        self.parse = parse
+        self.attaches = attaches
+        self.short = short
+        self.named = named
+        self.complete = complete
+        self.after = after
+        self.per_device = per_device
+
+    def __repr__(self) -> str:
+        return f"Option({self.flag!r})"
 
     @property
     def takes_value(self) -> bool:
@@ -61,14 +86,26 @@ class Option:
         return f"{head}={value}" if self.takes_value else head
 
 
-@dataclass(frozen=True)
 class Request:
     """One device as the command line asks for it, matched to the manifest."""
 
-    name: str
-    handle: int
-    #: Option flag -> parsed value (the attaching one is always there).
-    settings: Mapping[str, Any] = field(default_factory=dict)
+    __slots__ = ("name", "handle", "settings")
+
+    def __init__(self, name: str, handle: int, settings: Mapping[str, Any] | None = None) -> None:
+        self.name = name
+        self.handle = handle
+        #: Option flag -> parsed value (the attaching one is always there).
+        self.settings: Mapping[str, Any] = {} if settings is None else settings
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not Request:
+            return NotImplemented
+        return (self.name, self.handle, self.settings) == (other.name, other.handle, other.settings)
+
+    __hash__ = None  # type: ignore[assignment]  (settings is a mapping)
+
+    def __repr__(self) -> str:
+        return f"Request({self.name!r}, {self.handle}, {dict(self.settings)!r})"
 
 
 class Device(Protocol):
@@ -86,18 +123,127 @@ class Device(Protocol):
     def close(self) -> None: ...
 
 
+class KindPlan(Protocol):
+    """What a kind decided for a run (``DeviceKind.plan``), before any host
+    resource is touched."""
+
+    #: The lowest guest address the kind reserves at the top of memory; the
+    #: ``top`` it was given when it reserves nothing.
+    bottom: int
+
+    def explain(self) -> list[str]:
+        """Its decisions as -v lines (plan._explain logs them)."""
+
+
+class Service(Protocol):
+    """A kind's devices served by the native IO thread (iothread.py). The
+    runner starts it before the guest's first instruction and stops it on
+    every exit path; the poll hypercall waits on ``wake_fd`` (-1: none) and
+    leaves the fds of the ``owned`` handles to it."""
+
+    #: Its key in the counters (--stats), e.g. "shmstream".
+    key: str
+    owned: frozenset[int]
+    wake_fd: int
+    #: The C poll hypercall's view of its rings (``struct pyvmm_shm_poll *``)
+    #: or ffi.NULL.
+    poll_view: Any
+
+    def drain_wake(self) -> None: ...
+
+    def ready_set(self) -> int:
+        """Handles with work for the guest, as a poll ``ready_set`` mask."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def counters(self) -> dict[str, Any]: ...
+
+
+class ServiceSetup(Protocol):
+    """What a kind's service needs from the runner (vmm.Vmm)."""
+
+    memory: GuestMemory
+    vm: Any
+    stack: ExitStack
+    #: What the guest may use (below every kind's reservation).
+    usable: int
+
+
 class DeviceKind(Protocol):
     label: str
     type: DeviceType
     options: tuple[Option, ...]
+    #: Why this kind's devices cannot be in a snapshot ("" when they can).
+    not_snapshotted: str
+
+    def check_options(self, options: DeviceOptions) -> None:
+        """Refuse a combination of this kind's options (the command line's
+        checks, before any file is read)."""
+
+    def plan(
+        self, config: VmConfig, kernel: Kernel, requests: list[Request], top: int
+    ) -> KindPlan | None:
+        """Its decisions for a run: what it reserves below ``top`` (the
+        lowest reservation so far, or the end of memory), one line if it
+        cannot; None when it decides nothing."""
 
     def attach(self, stack: ExitStack, request: Request) -> Device:
         """Open the host side (entered into ``stack``); one line if it cannot."""
+
+    def start_service(
+        self, plan: KindPlan | None, setup: ServiceSetup, devices: Mapping[int, Device]
+    ) -> tuple[Service | None, dict[str, int]]:
+        """Its IO-thread service for the devices attached (entered into
+        ``setup.stack``), or None; and what it adds to the boot info
+        (hvt/bootinfo.BootInfo's fields, e.g. ``host_features``)."""
 
     def hypercalls(
         self, memory: GuestMemory, devices: Mapping[int, Device]
     ) -> dict[int, Callable[[int], None]]:
         """Handlers by hypercall number, for this kind's devices by handle."""
+
+    def fill_fast_path(self, fp: Any, devices: Mapping[int, Device]) -> None:
+        """Its part of ``struct pyvmm_fastpath`` (csrc/hcfast.h), for the
+        devices by handle (none: every handle marked absent)."""
+
+
+class BaseKind:
+    """What a kind that needs none of it inherits: no option checks, no
+    plan, no IO service, nothing for the fast path, snapshots allowed."""
+
+    not_snapshotted = ""
+
+    def check_options(self, options: DeviceOptions) -> None:
+        return None
+
+    def plan(
+        self, config: VmConfig, kernel: Kernel, requests: list[Request], top: int
+    ) -> KindPlan | None:
+        return None
+
+    def start_service(
+        self, plan: KindPlan | None, setup: ServiceSetup, devices: Mapping[int, Device]
+    ) -> tuple[Service | None, dict[str, int]]:
+        return None, {}
+
+    def fill_fast_path(self, fp: Any, devices: Mapping[int, Device]) -> None:
+        return None
+
+
+#: Kinds added for one process's life (tests: testkit/devkind), after the
+#: built-in ones. Only code calling ``register`` adds one: no setting or
+#: environment variable loads a kind.
+_registered: list[DeviceKind] = []
+
+
+def register(kind: DeviceKind) -> Callable[[], None]:
+    """Add ``kind`` to ``kinds()``; returns the function that removes it."""
+    _registered.append(kind)
+    return lambda: _registered.remove(kind)
 
 
 def kinds() -> tuple[DeviceKind, ...]:
@@ -105,11 +251,16 @@ def kinds() -> tuple[DeviceKind, ...]:
     from pyvmm.devices.block import BLOCK
     from pyvmm.devices.net import NET
 
-    return (NET, BLOCK)
+    return (NET, BLOCK, *_registered)
 
 
 def option_table() -> dict[str, tuple[DeviceKind, Option]]:
     return {opt.flag: (kind, opt) for kind in kinds() for opt in kind.options}
+
+
+def kind_setting(options: DeviceOptions, flag: str, default: Any = None) -> Any:
+    """The value of a kind-wide option (one that is not ``named``)."""
+    return options.get(flag, {}).get(None, default)
 
 
 def attaching_option(kind: DeviceKind) -> Option:
@@ -156,7 +307,7 @@ def resolve(options: DeviceOptions, manifest: Manifest) -> list[tuple[DeviceKind
     manifest.check_devices({name: kind.type for name, (kind, _) in wanted.items()})
     for kind in kinds():
         for opt in kind.options:
-            if opt.attaches:
+            if opt.attaches or not opt.per_device:
                 continue
             for name, value in options.get(opt.flag, {}).items():
                 if not opt.named:  # applies to every device of the kind

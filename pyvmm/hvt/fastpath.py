@@ -18,38 +18,32 @@ from typing import TYPE_CHECKING
 from pyvmm._native import ffi, lib
 
 if TYPE_CHECKING:
-    from pyvmm.devices.block import BlockDevice
-    from pyvmm.devices.net.device import NetDevice
-    from pyvmm.devices.net.shmstream import ShmStream
+    from pyvmm.devices import Device, DeviceKind, Service
     from pyvmm.memory import GuestMemory
 
 
 def build(
     memory: GuestMemory,
-    nets: Mapping[int, NetDevice],
-    disks: Mapping[int, BlockDevice],
+    kinds: Sequence[tuple[DeviceKind, Mapping[int, Device]]],
     poll: Sequence[tuple[int, int]],
-    shm: ShmStream | None,
+    services: Sequence[Service] = (),
 ):
-    """A ``struct pyvmm_fastpath *`` for guest memory ``memory``, the net and
-    block devices by manifest handle, the poll set as (fd, handle) pairs in
-    wait order (handle -1 for the stop and wake eventfds) and the shmstream
-    service, if any. The structs it points at (``memory.view``,
-    ``shm.poll_view``) live as long as ``memory`` and ``shm``."""
+    """A ``struct pyvmm_fastpath *`` for guest memory ``memory``: each kind
+    fills in its part for its devices by manifest handle; the poll set as
+    (fd, handle) pairs in wait order (handle -1 for the stop and wake
+    eventfds); the rings of the one service that gives the C poll a view
+    of them, if any. The structs it points at (``memory.view``, a
+    service's ``poll_view``) live as long as ``memory`` and the service."""
     if len(poll) > lib.PYVMM_FAST_MAX_POLL:
         raise ValueError(f"a poll set of {len(poll)} fds (at most {lib.PYVMM_FAST_MAX_POLL})")
     fp = ffi.new("struct pyvmm_fastpath *")
     fp.mem = memory.view
-    fp.shm = shm.poll_view if shm is not None else ffi.NULL
-    for handle in range(lib.MFT_MAX_ENTRIES):
-        fp.net_fd[handle] = fp.blk_fd[handle] = -1
-    for handle, net in nets.items():
-        fp.net_fd[handle] = net.fileno()
-        fp.max_frame[handle] = net.max_frame
-    for handle, disk in disks.items():
-        fp.blk_fd[handle] = disk.fileno()
-        fp.blk_capacity[handle] = disk.capacity
-        fp.blk_block_size[handle] = disk.block_size
+    views = [s.poll_view for s in services if s.poll_view != ffi.NULL]
+    if len(views) > 1:
+        raise ValueError(f"{len(views)} services with a poll view (the C poll reads one)")
+    fp.shm = views[0] if views else ffi.NULL
+    for kind, devices in kinds:
+        kind.fill_fast_path(fp, devices)
     fp.n_poll = len(poll)
     for i, (fd, handle) in enumerate(poll):
         fp.poll_fd[i] = fd

@@ -14,21 +14,14 @@ from __future__ import annotations
 import errno
 import os
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from pyvmm._native import ffi, lib
-from pyvmm.devices import Device, DeviceKind, kinds
+from pyvmm.devices import Device, DeviceKind, Service, kinds
 from pyvmm.devices.console import Console
 from pyvmm.errors import GuestFault
 from pyvmm.hvt import fastpath
-from pyvmm.loader import DeviceType
 from pyvmm.memory import GuestMemory
-
-if TYPE_CHECKING:  # the device modules load with the devices (a guest without any never does)
-    from pyvmm.devices.block import BlockDevice
-    from pyvmm.devices.net.device import NetDevice
-    from pyvmm.devices.net.shmstream import ShmStream
 
 OK = lib.HVT_RET_OK
 AGAIN = lib.HVT_RET_AGAIN
@@ -51,48 +44,44 @@ class Hypercalls:
         console: Console,
         attached: list[tuple[DeviceKind, Device]],
         stop_fd: int,
-        shm: ShmStream | None = None,
+        services: Sequence[Service] = (),
     ) -> None:
         self.memory = memory
         self.console = console
         self.devices: dict[int, Device] = {d.handle: d for _, d in attached}
-        by_type = {kind.type: kind for kind, _ in attached}
-        of_type: dict[DeviceType, dict[int, Device]] = {t: {} for t in by_type}
-        for kind, device in attached:
-            of_type[kind.type][device.handle] = device
-        # What the C fast path serves (hvt/fastpath.py reads these).
-        self.nets: dict[int, NetDevice] = of_type.get(DeviceType.NET, {})  # type: ignore[assignment]
-        self.disks: dict[int, BlockDevice] = of_type.get(DeviceType.BLOCK, {})  # type: ignore[assignment]
+        # Every kind with its devices by handle (none: it still answers, EINVAL).
+        self.kinds: list[tuple[DeviceKind, dict[int, Device]]] = [
+            (kind, {d.handle: d for k, d in attached if k is kind}) for kind in kinds()
+        ]
         self.stop_fd = stop_fd
-        self.shm = shm
-        # Poll set: the stop eventfd, the shmstream wake eventfd, then every
-        # net device that the IO thread does not own, by handle.
-        served = set(shm.layout.handles) if shm else set()
+        # The services whose wake-ups poll waits for, and looks at first.
+        self.services = [s for s in services if s.wake_fd >= 0]
+        # Poll set: the stop eventfd, each service's wake eventfd, then every
+        # device whose fd no IO service owns, by handle.
+        served = {h for s in services for h in s.owned}
         waits = {h: d.poll_fd() for h, d in self.devices.items() if h not in served}
         self._poll_handles = [h for h, fd in waits.items() if fd is not None]
-        first = [stop_fd, shm.wake_fd] if shm else [stop_fd]
+        first = [stop_fd, *(s.wake_fd for s in self.services)]
         self._poll_first = len(first)
         fds = first + [waits[h] for h in self._poll_handles]
         self._poll_fds = ffi.new("int[]", fds)
         self._poll_nfds = len(fds)
-        self._ready = ffi.new("uint64_t *")
+        # A bit per fd of the poll set, 64 to a word (csrc/fdwait.h).
+        self._ready = ffi.new("uint64_t[]", lib.PYVMM_WAIT_MASK_WORDS)
         self.table: dict[int, Callable[[int], None]] = {
             lib.HVT_HYPERCALL_WALLTIME: self.walltime,
             lib.HVT_HYPERCALL_PUTS: self.puts,
             lib.HVT_HYPERCALL_POLL: self.poll,
             lib.HVT_HYPERCALL_HALT: self.halt,
         }
-        for t, kind in by_type.items():
-            self.table |= kind.hypercalls(memory, of_type[t])
-        for kind in kinds():  # a kind with no device still answers (EINVAL)
-            if kind.type not in by_type:
-                self.table |= kind.hypercalls(memory, {})
+        for kind, devices in self.kinds:
+            self.table |= kind.hypercalls(memory, devices)
 
     def fast_path(self):
         """These hypercalls as the C fast path sees them (hvt/fastpath.py)."""
         handles = [-1] * self._poll_first + self._poll_handles
         poll = [(self._poll_fds[i], h) for i, h in enumerate(handles)]
-        return fastpath.build(self.memory, self.nets, self.disks, poll, self.shm)
+        return fastpath.build(self.memory, self.kinds, poll, self.services)
 
     def walltime(self, gpa: int) -> None:
         arg = self.memory.struct("struct hvt_hc_walltime", gpa, what="walltime hypercall")
@@ -105,22 +94,22 @@ class Hypercalls:
     def poll(self, gpa: int) -> None:
         arg, guest = self.memory.request("struct hvt_hc_poll", gpa, what="poll hypercall")
         timeout = min(arg.timeout_nsecs, (1 << 63) - 1)
-        shm = self.shm
+        services = self.services
         ready = 0
-        if shm is not None:
+        for service in services:
             # Drain stale wake-ups first, then look: a frame published after
             # this look signals wake_fd again, so the wait below sees it.
-            shm.drain_wake()
-            ready = shm.ready_set()
-            if ready:
-                timeout = 0
+            service.drain_wake()
+            ready |= service.ready_set()
+        if ready:
+            timeout = 0
         # A deadline, as the C fast path keeps it (csrc/hcfast.c).
         found = lib.pyvmm_poll_until(self._poll_fds, self._poll_nfds, timeout, self._ready)
         if found < 0 and found != -errno.EINTR:  # EINTR: a stop signal, seen by the run loop
             raise GuestFault(f"poll hypercall: wait failed: {os.strerror(-found)}")
-        mask = self._ready[0] if found > 0 else 0
-        if shm is not None:
-            ready |= shm.ready_set()
+        mask = sum(word << (64 * i) for i, word in enumerate(self._ready)) if found > 0 else 0
+        for service in services:
+            ready |= service.ready_set()
         for bit, handle in enumerate(self._poll_handles, start=self._poll_first):
             if mask > 0 and mask & (1 << bit):
                 ready |= 1 << handle

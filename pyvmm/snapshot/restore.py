@@ -132,7 +132,8 @@ class Restore:
         config.guest_args = list(self.guest_args)
         config.cpl = _CPL_OF_MODE[self.mode]
         config.legacy_abi = self.legacy_abi
-        config.no_net_ring = self.no_net_ring
+        if self.no_net_ring:
+            config.devices.setdefault("no-net-ring", {})[None] = True
 
     def check_plan(self, plan: Plan) -> None:
         """The plan made now must be the snapshot's: same unikernel, memory,
@@ -150,7 +151,7 @@ class Restore:
             raise refuse(path, f"taken in {self.mode} mode, this host runs it in {plan.mode} mode")
         if plan.cmdline.hex() != self.cmdline:
             raise refuse(path, "its guest command line does not match its arguments")
-        if plan.shm_mode != "off" or plan.solo5_ring_gpa is not None:
+        if plan.usable != plan.mem_size:  # a kind reserved its ring area
             raise refuse(path, "this run gives the guest net rings the snapshot has not")
         planned = sorted((r.name, r.handle) for _, r in plan.devices)
         saved = sorted((name, handle) for name, handle, _ in self.devices)

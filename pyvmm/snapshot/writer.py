@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pyvmm import trace
 from pyvmm._native import ffi, lib
+from pyvmm.devices import kind_setting
 from pyvmm.errors import GuestFault, PyvmmError, UsageError
 from pyvmm.hvt.hypercalls import Halt
 from pyvmm.kvm import Interrupted
@@ -105,11 +106,14 @@ def check_snapshottable(config: VmConfig, plan: Plan) -> None:
     machine = os.uname().machine
     if machine != "x86_64":
         raise UsageError(f"--snapshot-at: x86_64 hosts only (this one: {machine})")
-    if any(kind.type == DeviceType.NET for kind, _ in plan.devices):
-        raise UsageError(
-            "--snapshot-at: a guest with net devices cannot be snapshotted yet "
-            "(the state of its rings and taps is not saved)"
-        )
+    for kind, _ in plan.devices:
+        if kind.not_snapshotted:
+            raise UsageError(
+                f"--snapshot-at: a guest with {kind.label} devices cannot be snapshotted yet "
+                f"({kind.not_snapshotted})"
+            )
+    if plan.usable != plan.mem_size:  # metadata() writes a plan without ring areas
+        raise UsageError("--snapshot-at: a guest with ring areas cannot be snapshotted yet")
 
 
 class SnapshotStop(PyvmmError):
@@ -401,10 +405,11 @@ def metadata(
             "abi_version": plan.kernel.abi.version,
             "guest_args": list(config.guest_args),
             "cmdline": plan.cmdline.hex(),
-            "shm_mode": plan.shm_mode,
-            "solo5_ring": plan.solo5_ring_gpa is not None,
+            # No ring areas (check_snapshottable): neither shmstream nor Solo5's.
+            "shm_mode": "off",
+            "solo5_ring": False,
             "legacy_abi": config.legacy_abi,
-            "no_net_ring": config.no_net_ring,
+            "no_net_ring": bool(kind_setting(config.devices, "no-net-ring", False)),
         },
         "devices": devices,
         "shadow": shadow,

@@ -7,10 +7,10 @@ import pytest
 from conftest import guest
 from pyvmm.config import VmConfig
 from pyvmm.devices.net.shmstream import ShmLayout
+from pyvmm.devices.net.transport import choose_shm, choose_solo5_ring
 from pyvmm.errors import UsageError
 from pyvmm.loader import load_kernel
 from pyvmm.loader.notes import AbiInfo, Capabilities
-from pyvmm.plan import choose_shm, choose_solo5_ring
 from pyvmm.record import replace
 
 MIB = 1 << 20
@@ -39,8 +39,8 @@ def test_solo5_ring_offered_as_solo5_hvt_does(solo5_guest):
     config = VmConfig(kernel="k")
     assert choose_solo5_ring(config, solo5_guest, True, "off")
     assert not choose_solo5_ring(config, solo5_guest, False, "off")
-    assert not choose_solo5_ring(VmConfig(kernel="k", no_net_ring=True), solo5_guest, True, "off")
-    assert not choose_solo5_ring(VmConfig(kernel="k", shm="off"), solo5_guest, True, "off")
+    assert not choose_solo5_ring(VmConfig(kernel="k", devices={"no-net-ring": {None: True}}), solo5_guest, True, "off")
+    assert not choose_solo5_ring(VmConfig(kernel="k", devices={"shm": {None: "off"}}), solo5_guest, True, "off")
     assert not choose_solo5_ring(config, solo5_guest, True, "event")  # shmstream instead
 
 
@@ -51,11 +51,11 @@ def test_legacy_abi_guest_gets_no_ring(shm_guest, solo5_guest):
     assert choose_shm(None, old_shm, True) == "off"
     assert not choose_solo5_ring(VmConfig(kernel="k"), old_solo5, True, "off")
     with pytest.raises(UsageError, match="ABI version 1, which knows no rings"):
-        choose_solo5_ring(VmConfig(kernel="k", shm="poll"), old_shm, True, "off")
+        choose_solo5_ring(VmConfig(kernel="k", devices={"shm": {None: "poll"}}), old_shm, True, "off")
 
 
 def test_explicit_mode_with_nothing_to_serve_is_refused(solo5_guest):
-    config = VmConfig(kernel="k", shm="poll", no_net_ring=True)
+    config = VmConfig(kernel="k", devices={"shm": {None: "poll"}, "no-net-ring": {None: True}})
     with pytest.raises(UsageError, match="nothing to serve"):
         choose_solo5_ring(config, solo5_guest, True, "off")
 

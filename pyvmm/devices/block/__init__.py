@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
+from typing import Any
 
-from pyvmm.devices import Option, Request
+from pyvmm._native import lib
+from pyvmm.devices import BaseKind, Option, Request
 from pyvmm.devices.block.backend import (
     DEFAULT_BLOCK_SIZE,
     MAX_BLOCK_SIZE,
@@ -39,7 +41,7 @@ def block_size(option: str, text: str) -> int:
     return size
 
 
-class BlockKind:
+class BlockKind(BaseKind):
     label = "block"
     type = DeviceType.BLOCK
     options = (
@@ -92,6 +94,14 @@ class BlockKind:
         self, memory: GuestMemory, devices: Mapping[int, BlockDevice]
     ) -> dict[int, Callable[[int], None]]:
         return BlockHypercalls(memory, devices).table()
+
+    def fill_fast_path(self, fp: Any, devices: Mapping[int, BlockDevice]) -> None:
+        for handle in range(lib.MFT_MAX_ENTRIES):
+            fp.blk_fd[handle] = -1
+        for handle, disk in devices.items():
+            fp.blk_fd[handle] = disk.fileno()
+            fp.blk_capacity[handle] = disk.capacity
+            fp.blk_block_size[handle] = disk.block_size
 
 
 BLOCK = BlockKind()

@@ -1,28 +1,38 @@
 """Network devices: a tap on the host side of every guest NIC.
 
-The kind below is what the core sees (options, attach, hypercalls). How
-frames move is chosen per run by the plan: hvt hypercalls
-(``hypercalls.py``, answered in C by the fast path), pyvmm's shmstream
-rings (``shmstream.py``) or Solo5's own ring (``solo5_ring.py``), the
-latter two served by the native IO thread.
+The kind below is what the core sees (options, plan, attach, service,
+hypercalls, fast path). How frames move is chosen per run by its plan
+(``transport.py``): hvt hypercalls (``hypercalls.py``, answered in C by the
+fast path), pyvmm's shmstream rings (``shmstream.py``) or Solo5's own ring
+(``solo5_ring.py``), the latter two served by the native IO thread.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any
 
-from pyvmm.devices import Option, Request
+from pyvmm._native import lib
+from pyvmm.devices import BaseKind, DeviceOptions, Option, Request, ServiceSetup
+from pyvmm.devices.net import transport
 from pyvmm.devices.net.device import NetDevice
 from pyvmm.devices.net.hypercalls import NetHypercalls
-from pyvmm.loader import DeviceType
+from pyvmm.devices.net.transport import SHM_VALUES, NetPlan
+from pyvmm.iothread import MODES
+from pyvmm.loader import DeviceType, Kernel
 from pyvmm.log import log
 from pyvmm.memory import GuestMemory
 
+if TYPE_CHECKING:
+    from pyvmm.config import VmConfig
+    from pyvmm.iothread import IoService
 
-class NetKind:
+
+class NetKind(BaseKind):
     label = "net"
     type = DeviceType.NET
+    not_snapshotted = "its rings' and taps' state is not saved"
     options = (
         Option(
             "net",
@@ -33,7 +43,58 @@ class NetKind:
             complete="interface",
         ),
         Option("net-mac", "HWADDR", "guest MAC address of net device NAME"),
+        Option(
+            "shm",
+            "off|poll|event|hybrid",
+            "shmstream ring networking for guests with a\n"
+            "shmstream driver: the IO thread's mode\n"
+            "(default event; off = plain hypercalls)",
+            parse=transport.shm_value,
+            short=True,
+            named=False,
+            per_device=False,
+            complete="|".join(SHM_VALUES),
+            after="--cpl",
+        ),
+        Option(
+            "hybrid-budget",
+            "US",
+            "hybrid mode: keep polling this many\n"
+            "microseconds without work before sleeping\n"
+            "(default 2000)",
+            parse=transport.hybrid_budget,
+            short=True,
+            named=False,
+            per_device=False,
+            after="--cpl",
+        ),
+        Option(
+            "no-net-ring",
+            "",
+            "do not offer Solo5's ring I/O to Solo5 v0.11+\nunikernels (as solo5-hvt's option)",
+            short=True,
+            named=False,
+            per_device=False,
+            after="--cpl",
+        ),
+        Option(
+            "shm-slots",
+            "N",
+            "slots per ring, a power of two (default: as\n"
+            "many as fit in 1/8 of guest memory, <= 4096)",
+            parse=transport.shm_slots,
+            short=True,
+            named=False,
+            per_device=False,
+            after="--gdb-socket",
+        ),
     )
+
+    def check_options(self, options: DeviceOptions) -> None:
+        transport.check_options(options)
+
+    def plan(self, config: VmConfig, kernel: Kernel, requests: list[Request], top: int) -> NetPlan:
+        return transport.plan_net(config, kernel, requests, top)
 
     def attach(self, stack: ExitStack, request: Request) -> NetDevice:
         text = request.settings.get("net-mac")
@@ -56,6 +117,42 @@ class NetKind:
         self, memory: GuestMemory, devices: Mapping[int, NetDevice]
     ) -> dict[int, Callable[[int], None]]:
         return NetHypercalls(memory, devices).table()
+
+    def start_service(
+        self, plan: NetPlan, setup: ServiceSetup, devices: Mapping[int, NetDevice]
+    ) -> tuple[IoService | None, dict[str, int]]:
+        """The IO thread's service for the net devices, as planned: Solo5's
+        ring, pyvmm's shmstream region, or none (plain hypercalls)."""
+        nets = dict(devices)
+        if plan.solo5_ring_gpa is not None:
+            from pyvmm.devices.net.solo5_ring import Solo5RingService
+
+            ring = Solo5RingService(
+                setup.memory, plan.solo5_ring_gpa, setup.usable, nets, plan.io, setup.vm
+            )
+            setup.stack.callback(ring.close)
+            return ring, {"host_features": lib.HVT_FEATURE_RING_IO, "net_ring": ring.gpa}
+        layout = plan.shm_layout and plan.shm_layout.serving(nets)
+        if layout is None:
+            return None, {}
+        from pyvmm.devices.net.shmstream import ShmStream
+
+        layout.write(setup.memory)
+        shm = ShmStream(setup.memory, layout, nets, plan.io, setup.vm)
+        setup.stack.callback(shm.close)
+        return shm, {
+            "host_features": lib.PYVMM_FEATURE_BOOT_EXT,
+            "shm_region": layout.gpa,
+            "shm_size": layout.size,
+            "shm_mode": MODES[plan.shm_mode],
+        }
+
+    def fill_fast_path(self, fp: Any, devices: Mapping[int, NetDevice]) -> None:
+        for handle in range(lib.MFT_MAX_ENTRIES):
+            fp.net_fd[handle] = -1
+        for handle, net in devices.items():
+            fp.net_fd[handle] = net.fileno()
+            fp.max_frame[handle] = net.max_frame
 
 
 NET = NetKind()

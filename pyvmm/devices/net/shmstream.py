@@ -120,6 +120,8 @@ class ShmLayout:
 class ShmStream(IoService):
     """The IO thread serving every net device of one guest through rings."""
 
+    key = "shmstream"
+
     def __init__(
         self,
         memory: GuestMemory,
@@ -130,6 +132,8 @@ class ShmStream(IoService):
     ) -> None:
         self.layout = layout
         self.nets = nets
+        # The taps it reads: the poll hypercall leaves them to it.
+        self.owned = frozenset(layout.handles)
         self._open(config, vm, lib.SHM_KICK_PIO, wake=True)
         try:
             # What the poll hypercall needs, in C and Python alike.
