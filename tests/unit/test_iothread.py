@@ -33,6 +33,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from pyvmm._native import ffi, lib
+from pyvmm.stats import drop_counters
 from testkit.native import lib as kit
 
 MASK = 0xFFFFFFFF
@@ -774,14 +775,7 @@ def tx_frame(i: int) -> bytes:
     return frame(1_000_000 + i, 1 + (i * 97) % SLOT_DATA)
 
 
-DROPS = (
-    "rx_drops_full",
-    "rx_drops_oversize",
-    "rx_bad_index",
-    "tx_drops_bad_len",
-    "tx_drops_backend",
-    "tx_bad_index",
-)
+DROPS = drop_counters("shmstream")
 
 
 def run_traffic(rig: Rig, n_rx: int, n_tx: int, window: int, timeout: float) -> dict[str, int]:
