@@ -11,6 +11,10 @@ costs (docs/startup.md: why pyvmm's start path has no dataclasses).
 ``_uncompared`` names fields that are carried but are not part of the
 value (a file's bytes, a lease, where a value came from): equality, hash
 and repr leave them out.
+
+``MutableRecord`` is the same without the read-only fields and the hash,
+for a record filled in step by step (a container's settings read from its
+bundle) that is still compared by value.
 """
 
 from __future__ import annotations
@@ -19,23 +23,15 @@ TYPE_CHECKING = False  # typing is for type checkers only: --version imports non
 if TYPE_CHECKING:
     from typing import Any, TypeVar
 
-    R = TypeVar("R", bound="Record")
+    R = TypeVar("R", bound="MutableRecord")
 
 
-class Record:
-    """A value with named, read-only fields (see the module's docstring)."""
+class MutableRecord:
+    """A value with named fields, compared and shown by them."""
 
-    __slots__ = ()
+    # Caches may hold a record weakly (the launcher's kernels: serve/warm.py).
+    __slots__ = ("__weakref__",)
     _uncompared: tuple[str, ...] = ()
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # Set once, in __init__; a slot not yet set has no value.
-        if hasattr(self, name):
-            raise AttributeError(f"cannot assign to field '{name}' of {type(self).__name__}")
-        object.__setattr__(self, name, value)
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"cannot delete field '{name}' of {type(self).__name__}")
 
     @classmethod
     def _compared(cls) -> tuple[str, ...]:
@@ -49,8 +45,7 @@ class Record:
             return NotImplemented
         return self._values() == other._values()  # type: ignore[attr-defined]
 
-    def __hash__(self) -> int:
-        return hash(self._values())
+    __hash__ = None  # type: ignore[assignment]  (its fields may change)
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._compared())
@@ -65,6 +60,24 @@ class Record:
             raise TypeError(f"{type(self).__name__} has no field '{sorted(unknown)[0]}'")
         fields.update(changes)
         return type(self)(**fields)
+
+
+class Record(MutableRecord):
+    """A value with named, read-only fields (see the module's docstring)."""
+
+    __slots__ = ()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Set once, in __init__; a slot not yet set has no value.
+        if hasattr(self, name):
+            raise AttributeError(f"cannot assign to field '{name}' of {type(self).__name__}")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete field '{name}' of {type(self).__name__}")
+
+    def __hash__(self) -> int:
+        return hash(self._values())
 
 
 def replace(record: R, **changes: Any) -> R:

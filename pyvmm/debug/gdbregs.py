@@ -10,19 +10,23 @@ and writes to them are ignored; the others are the guest's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pyvmm.record import Record
 
 _GPRS = "rax rbx rcx rdx rsi rdi rbp rsp r8 r9 r10 r11 r12 r13 r14 r15".split()
 _SEGMENTS = "cs ss ds es fs gs".split()
 _X87_CONTROL = "fctrl fstat ftag fiseg fioff foseg fooff fop".split()
 
 
-@dataclass(frozen=True)
-class Register:
-    name: str
-    size: int  # bytes
-    kind: str  # the target description's type
-    live: bool  # False: reads as zero, writes ignored
+class Register(Record):
+    """One register of the target description."""
+
+    __slots__ = ("name", "size", "kind", "live")
+
+    def __init__(self, name: str, size: int, kind: str, live: bool) -> None:
+        self.name = name
+        self.size = size  # bytes
+        self.kind = kind  # the target description's type
+        self.live = live  # False: reads as zero, writes ignored
 
 
 def _layout() -> tuple[Register, ...]:

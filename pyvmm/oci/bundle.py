@@ -41,7 +41,6 @@ import binascii
 import json
 import os
 import stat
-from dataclasses import dataclass, field
 
 from pyvmm.oci import netargs, rootfs
 from pyvmm.oci.cgroups import CgroupError, Resources
@@ -75,30 +74,55 @@ def shown(text: str) -> str:
     return repr(cut)[1:-1] + ("..." if len(text) > SHOWN else "")
 
 
-@dataclass
 class Attached:
     """A block device's file, open read-write, and what it is for messages."""
 
-    fd: int
-    where: str
+    __slots__ = ("fd", "where")
+
+    def __init__(self, fd: int, where: str) -> None:
+        self.fd = fd
+        self.where = where
 
 
-@dataclass
 class Unikernel:
     """What create needs from the bundle; owns the descriptors it holds."""
 
-    inner: str  # the unikernel's path in the container
-    fd: int  # the unikernel, open for reading
-    args: list[str]
-    devices: list[dict]  # the manifest's, as pyvmm --query-manifest --json
-    annotations: dict[str, str]
-    mem_mib: int | None = None
-    resources: Resources = field(default_factory=Resources)
-    cgroups_path: str | None = None
-    blocks: dict[str, Attached] = field(default_factory=dict)
-    net_template: netargs.Pieces | None = None
-    netns: str | None = None  # the path to join
-    new_netns: bool = False  # a network namespace without a path: a new one
+    __slots__ = (
+        "inner",
+        "fd",
+        "args",
+        "devices",
+        "annotations",
+        "mem_mib",
+        "resources",
+        "cgroups_path",
+        "blocks",
+        "net_template",
+        "netns",
+        "new_netns",
+    )
+
+    def __init__(
+        self,
+        inner: str,
+        fd: int,
+        args: list[str],
+        devices: list[dict],
+        annotations: dict[str, str],
+    ) -> None:
+        self.inner = inner  # the unikernel's path in the container
+        self.fd = fd  # the unikernel, open for reading
+        self.args = args
+        self.devices = devices  # the manifest's, as pyvmm --query-manifest --json
+        self.annotations = annotations
+        # Filled in from the rest of the bundle:
+        self.mem_mib: int | None = None
+        self.resources = Resources()
+        self.cgroups_path: str | None = None
+        self.blocks: dict[str, Attached] = {}
+        self.net_template: netargs.Pieces | None = None
+        self.netns: str | None = None  # the path to join
+        self.new_netns = False  # a network namespace without a path: a new one
 
     @property
     def path(self) -> str:

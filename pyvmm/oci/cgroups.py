@@ -42,7 +42,8 @@ import os
 import re
 import signal
 import time
-from dataclasses import dataclass, field
+
+from pyvmm.record import MutableRecord
 
 DEFAULT_ROOT = "/sys/fs/cgroup"
 V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "pids")
@@ -109,17 +110,28 @@ def _section(resources: dict, key: str) -> dict:
     return value
 
 
-@dataclass
-class Resources:
+class Resources(MutableRecord):
     """The part of ``linux.resources`` a VM's cgroup gets."""
 
-    cpu_quota: int | None = None  # microseconds per period; -1: none
-    cpu_period: int | None = None
-    cpu_shares: int | None = None
-    cpus: str | None = None
-    mems: str | None = None
-    pids: int | None = None  # <= 0: no limit
-    memory: int | None = None  # bytes; -1: none
+    __slots__ = ("cpu_quota", "cpu_period", "cpu_shares", "cpus", "mems", "pids", "memory")
+
+    def __init__(
+        self,
+        cpu_quota: int | None = None,
+        cpu_period: int | None = None,
+        cpu_shares: int | None = None,
+        cpus: str | None = None,
+        mems: str | None = None,
+        pids: int | None = None,
+        memory: int | None = None,
+    ) -> None:
+        self.cpu_quota = cpu_quota  # microseconds per period; -1: none
+        self.cpu_period = cpu_period
+        self.cpu_shares = cpu_shares
+        self.cpus = cpus
+        self.mems = mems
+        self.pids = pids  # <= 0: no limit
+        self.memory = memory  # bytes; -1: none
 
     @classmethod
     def from_spec(cls, resources: object) -> Resources:
@@ -254,14 +266,18 @@ def _read(directory: str, name: str) -> str:
         return f.read().strip()
 
 
-@dataclass
-class Cgroup:
+class Cgroup(MutableRecord):
     """The cgroup made for one container, as state.json keeps it."""
 
-    version: int
-    dirs: dict[str, str]  # v1: controller -> directory; v2: {"": directory}
-    made: list[str] = field(default_factory=list)  # directories create made, parents first
-    path: str = ""  # as the spec named it, for messages
+    __slots__ = ("version", "dirs", "made", "path")
+
+    def __init__(
+        self, version: int, dirs: dict[str, str], made: list[str] | None = None, path: str = ""
+    ) -> None:
+        self.version = version
+        self.dirs = dirs  # v1: controller -> directory; v2: {"": directory}
+        self.made = [] if made is None else made  # directories create made, parents first
+        self.path = path  # as the spec named it, for messages
 
     def to_state(self) -> dict:
         return {"version": self.version, "dirs": self.dirs, "made": self.made, "path": self.path}

@@ -29,7 +29,6 @@ import hashlib
 import ipaddress
 import os
 import socket
-from dataclasses import asdict, dataclass
 
 from pyvmm.netns import inside_path as inside
 
@@ -41,17 +40,25 @@ class NetworkError(Exception):
     """A network set-up the runtime cannot do (one line for the user)."""
 
 
-@dataclass
 class Link:
     """What the guest takes over from the CNI interface, and the tap."""
 
-    ifname: str
-    mac: str
-    ip: str
-    prefix: int
-    gateway: str
-    mtu: int
-    tap: str
+    __slots__ = ("ifname", "mac", "ip", "prefix", "gateway", "mtu", "tap")
+
+    def __init__(
+        self, ifname: str, mac: str, ip: str, prefix: int, gateway: str, mtu: int, tap: str
+    ) -> None:
+        self.ifname = ifname
+        self.mac = mac
+        self.ip = ip
+        self.prefix = prefix
+        self.gateway = gateway
+        self.mtu = mtu
+        self.tap = tap
+
+    def to_state(self) -> dict[str, str | int]:
+        """As state.json keeps it (``Link(**state)`` reads it back)."""
+        return {name: getattr(self, name) for name in self.__slots__}
 
     @property
     def cidr(self) -> str:
@@ -63,7 +70,7 @@ class Link:
 
     def values(self) -> dict[str, str]:
         """The names an image's argument template may use."""
-        fields = {k: str(v) for k, v in asdict(self).items()}
+        fields = {k: str(v) for k, v in self.to_state().items()}
         fields.update(cidr=self.cidr, netmask=self.netmask)
         return fields
 

@@ -329,7 +329,7 @@ def _create(
                 link = network.setup(kernel.netns, args.id)
             except Exception as err:  # pyroute2's NetlinkError is no OSError
                 raise RuntimeError_(f"container network: {err}") from err
-            state["link"] = link.__dict__
+            state["link"] = link.to_state()
             container.save(state)
             tap, mac = link.tap, link.mac
             if kernel.net_template is not None:

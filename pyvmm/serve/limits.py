@@ -9,23 +9,32 @@ orchestration; ``pyvmm serve`` options change them (docs/serve.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from pyvmm.errors import UsageError
 
 
-@dataclass
 class Limits:
-    #: VM processes at once, pooled (prepared ahead) ones included.
-    max_vms: int = 64
-    #: Pools (command lines with VMs prepared ahead).
-    max_pools: int = 8
-    #: Open client connections (a `pyvmm run` holds one while its VM runs).
-    max_connections: int = 256
-    #: Seconds a client has to send its whole request, and to take its answer.
-    request_timeout: float = 10.0
-    #: Users allowed besides root and the launcher's own.
-    allow_uids: frozenset[int] = field(default_factory=frozenset)
+    """What the launcher allows at once (its options, each with a default)."""
+
+    __slots__ = ("max_vms", "max_pools", "max_connections", "request_timeout", "allow_uids")
+
+    def __init__(
+        self,
+        max_vms: int = 64,
+        max_pools: int = 8,
+        max_connections: int = 256,
+        request_timeout: float = 10.0,
+        allow_uids: frozenset[int] = frozenset(),
+    ) -> None:
+        #: VM processes at once, pooled (prepared ahead) ones included.
+        self.max_vms = max_vms
+        #: Pools (command lines with VMs prepared ahead).
+        self.max_pools = max_pools
+        #: Open client connections (a `pyvmm run` holds one while its VM runs).
+        self.max_connections = max_connections
+        #: Seconds a client has to send its whole request, and to take its answer.
+        self.request_timeout = request_timeout
+        #: Users allowed besides root and the launcher's own.
+        self.allow_uids = allow_uids
 
     def view(self) -> dict[str, object]:
         return {

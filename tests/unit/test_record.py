@@ -6,7 +6,7 @@ import pytest
 
 from pyvmm.loader.elf import Segment
 from pyvmm.memory import Protection
-from pyvmm.record import Record, replace
+from pyvmm.record import MutableRecord, Record, replace
 
 
 class Pair(Record):
@@ -61,3 +61,27 @@ def test_a_segments_file_bytes_are_carried_but_not_compared():
     other = Segment(0x100000, 0x1000, 0x10, 0x20, 5, 0, b"b" * 0x10)
     assert one == other and one.data != other.data
     assert "data" not in repr(one)
+
+
+class Settings(MutableRecord):
+    __slots__ = ("cpus", "memory")
+
+    def __init__(self, cpus: str | None = None, memory: int | None = None) -> None:
+        self.cpus = cpus
+        self.memory = memory
+
+
+def test_a_mutable_record_is_filled_in_step_by_step_and_still_compared_by_value():
+    settings = Settings()
+    settings.memory = 64
+    assert settings == Settings(memory=64) and settings != Settings(cpus="0", memory=64)
+    assert repr(settings) == "Settings(cpus=None, memory=64)"
+    with pytest.raises(TypeError):
+        hash(settings)
+
+
+def test_a_record_can_be_held_weakly():
+    import weakref
+
+    pair = Pair(1)
+    assert weakref.ref(pair)() is pair

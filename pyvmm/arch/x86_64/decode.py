@@ -12,8 +12,8 @@ the guest's compiler chooses them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import NamedTuple
+
+from pyvmm.record import Record
 
 MAX_LENGTH = 15  # the architectural limit of one instruction
 
@@ -28,18 +28,29 @@ class DecodeError(Exception):
     """The bytes are not an instruction pyvmm emulates (or not complete)."""
 
 
-class Memory(NamedTuple):
+class Memory(Record):
     """A memory operand: ``segment:[base + index*scale + disp]``.
 
     ``base`` is a register name, "rip" or None; ``address_size`` is 64 or 32.
     """
 
-    base: str | None
-    index: str | None
-    scale: int
-    disp: int
-    segment: str | None
-    address_size: int
+    __slots__ = ("base", "index", "scale", "disp", "segment", "address_size")
+
+    def __init__(
+        self,
+        base: str | None,
+        index: str | None,
+        scale: int,
+        disp: int,
+        segment: str | None,
+        address_size: int,
+    ) -> None:
+        self.base = base
+        self.index = index
+        self.scale = scale
+        self.disp = disp
+        self.segment = segment
+        self.address_size = address_size
 
     def address(self, reg: Callable[[str], int], next_rip: int, seg_base: int = 0) -> int:
         """The linear address, given register values (``reg(name)``)."""
@@ -55,28 +66,50 @@ class Memory(NamedTuple):
         return (seg_base + (ea & mask)) & ((1 << 64) - 1)
 
 
-@dataclass(frozen=True)
 class Instruction:
-    """One decoded instruction: what it is and where its operands are."""
+    """One decoded instruction: what it is and where its operands are (made
+    per trap, read by the emulator only: no value semantics to pay for)."""
 
-    name: str
-    length: int
-    #: The ModRM reg field (REX.R applied): a register number, a control
-    #: register, a segment register, or a group's sub-opcode.
-    reg: int | None = None
-    #: The r/m operand: a register number or a Memory.
-    rm: int | Memory | None = None
-    operand_size: int = 32
-    immediate: int | None = None
+    __slots__ = ("name", "length", "reg", "rm", "operand_size", "immediate")
+
+    def __init__(
+        self,
+        name: str,
+        length: int,
+        reg: int | None = None,
+        rm: int | Memory | None = None,
+        operand_size: int = 32,
+        immediate: int | None = None,
+    ) -> None:
+        self.name = name
+        self.length = length
+        #: The ModRM reg field (REX.R applied): a register number, a control
+        #: register, a segment register, or a group's sub-opcode.
+        self.reg = reg
+        #: The r/m operand: a register number or a Memory.
+        self.rm = rm
+        self.operand_size = operand_size
+        self.immediate = immediate
 
 
-@dataclass(frozen=True)
 class _Op:
-    name: str | dict[int, str]  # by ModRM reg field for groups
-    modrm: bool = False
-    immediate: int = 0  # bytes
-    memory_only: bool = False  # a register form is not this instruction
-    register_only: dict[int, str] | None = None  # group forms with mod=3, by rm
+    """One opcode table entry."""
+
+    __slots__ = ("name", "modrm", "immediate", "memory_only", "register_only")
+
+    def __init__(
+        self,
+        name: str | dict[int, str],  # by ModRM reg field for groups
+        modrm: bool = False,
+        immediate: int = 0,  # bytes
+        memory_only: bool = False,  # a register form is not this instruction
+        register_only: dict[int, str] | None = None,  # group forms with mod=3, by rm
+    ) -> None:
+        self.name = name
+        self.modrm = modrm
+        self.immediate = immediate
+        self.memory_only = memory_only
+        self.register_only = register_only
 
 
 # The instructions a kernel-mode guest may execute that trap at CPL 3 (and
