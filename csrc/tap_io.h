@@ -22,12 +22,17 @@
 
 #include <stdint.h>
 
-/* What a read or a write came to. */
-#define TAP_IO_FRAME 0      /* a frame moved (a read: *len bytes) */
-#define TAP_IO_AGAIN 1      /* a read: no frame waiting, or a turn given */
-#define TAP_IO_OVERSIZE 2   /* tap_io_read_one: a frame too long, dropped */
-#define TAP_IO_DROPPED 3    /* a write: the frame was dropped */
-#define TAP_IO_FAILED 4     /* the call failed otherwise: errno says why */
+/*
+ * What a read or a write came to: FRAME, a frame moved (a read's is *len
+ * bytes); AGAIN, a read found no frame waiting, or gave a turn; OVERSIZE,
+ * tap_io_read_one dropped a frame too long; DROPPED, a write dropped the
+ * frame; FAILED, the call failed otherwise (errno says why).
+ */
+#define TAP_IO_FRAME 0
+#define TAP_IO_AGAIN 1
+#define TAP_IO_OVERSIZE 2
+#define TAP_IO_DROPPED 3
+#define TAP_IO_FAILED 4
 
 /* Oversize frames one tap_io_read drops before it answers AGAIN. */
 #define TAP_IO_TURN 64

@@ -74,6 +74,41 @@ def test_reads_are_committed_and_writes_sent_in_order():
         rig.close()
 
 
+def test_a_write_the_tap_refuses_is_counted_as_a_failed_write():
+    rig = Rig()
+    try:
+        rig.mem[0x3000 : 0x3000 + 60] = b"w" * 60
+        rig.submit(lib.SOLO5_RING_OP_WRITE, 1, 0x3000, 60, 1)
+        assert kit.io_test_service(rig.io) == 1
+        assert rig.b.recv(100) == b"w" * 60
+        # The tap's other end is gone: the next writes fail (EPIPE).
+        rig.b.close()
+        rig.submit(lib.SOLO5_RING_OP_WRITE, 1, 0x3000, 60, 2)
+        rig.submit(lib.SOLO5_RING_OP_WRITE, 1, 0x3000, 60, 3)
+        assert kit.io_test_service(rig.io) == 2
+        assert (rig.counters.writes, rig.counters.write_bytes) == (1, 60)
+        assert rig.counters.write_failures == 2
+        assert rig.counters.bad_entries == 0
+    finally:
+        rig.close()
+
+
+def test_a_write_into_a_full_tap_is_counted_as_a_failed_write():
+    rig = Rig()
+    try:
+        rig.mem[0x3000 : 0x3000 + 1000] = b"f" * 1000
+        submitted = 0
+        while rig.counters.write_failures == 0:
+            rig.submit(lib.SOLO5_RING_OP_WRITE, 1, 0x3000, 1000, submitted)
+            submitted += 1
+            assert kit.io_test_service(rig.io) == 1
+            assert submitted < 100_000, "the tap's queue never filled"
+        assert rig.counters.writes == submitted - 1
+        assert rig.counters.write_failures == 1
+    finally:
+        rig.close()
+
+
 READ, WRITE = lib.SOLO5_RING_OP_READ, lib.SOLO5_RING_OP_WRITE
 OK, AGAIN, EINVAL = 0, 1, 2
 
