@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, engine_env
+from conftest import ROOT, engine_env, guest
+from testkit import helpers
 from testkit.netns import NetNamespace
 
 pytestmark = [pytest.mark.kvm, pytest.mark.netns]
@@ -243,3 +244,66 @@ def test_keys_and_summary_lines_of_a_net_and_block_guest(netblk, tmp_path, case)
     snap = json.loads(line)
     assert key_paths(snap) == keys
     assert summary_shape(result.stderr) == lines
+
+
+RING = {
+    "solo5_ring",
+    "solo5_ring.mode",
+    "solo5_ring.thread",
+    *(
+        f"solo5_ring.thread.{k}"
+        for k in ("wakeups", "kicks", "sleeps", "busy_passes", "idle_spins", "cpu_ns")
+    ),
+    "solo5_ring.ring",
+    *(
+        f"solo5_ring.ring.{k}"
+        for k in (
+            "writes",
+            "write_bytes",
+            "reads",
+            "read_bytes",
+            "reads_again",
+            "read_drops_oversize",
+            "bad_entries",
+            "bad_index",
+            "commit_stalls",
+            "write_failures",
+        )
+    ),
+}
+RING_SUMMARY = [
+    "pyvmm: counters after the guest ran N s (wall clock), privilege user (CPL N)",
+    "  VM exits: N counted by KVM, N reached pyvmm",
+    "  KVM counted:",
+    "  hypercalls: halt N, poll N, puts N",
+    "  net service0: to the guest N frames (N B), from the guest N frames (N B)",
+    "    dropped by pyvmm: none; by the tap (the kernel): N to the guest (not read in time), "
+    "N from it",
+    "  IO thread (event): guest kicks N, returns from epoll N, sleeps N, passes that moved "
+    "frames N, idle passes N",
+    "  CPU time: vCPU thread N s (N% of the run), IO thread N s (N% of the run)",
+]
+
+
+def test_keys_and_summary_lines_of_a_solo5_ring_guest(tmp_path):
+    """The same for Solo5's ring (its guest has a net device only)."""
+    stats = tmp_path / "stats.json"
+    with NetNamespace() as ns:
+        ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")
+        ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
+        ns.add_tap("tap100", address="10.0.0.1/24")
+        vm, head = ns.start_pyvmm(
+            "--stats",
+            f"--stats-json={stats}",
+            "--shm=event",
+            "--net:service0=tap100",
+            guest("s5ring"),
+            "10.0.0.2",
+            "2",
+        )
+        helpers.ping(ns, "10.0.0.2", 2)
+        out, err = vm.communicate(timeout=60)
+    assert vm.returncode == 0 and "SUCCESS" in out, head + out + err
+    (line,) = stats.read_text().splitlines()
+    assert key_paths(json.loads(line)) == COMMON | IN_C | RING
+    assert summary_shape(err) == RING_SUMMARY
