@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 
+from pyvmm import stopping
 from pyvmm.errors import UsageError
 
 SUBCOMMANDS = ("serve", "run")
@@ -63,7 +64,13 @@ def _api_sock(argv: list[str], name: str) -> tuple[str, list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    """``argv`` starts with the subcommand; its exit status."""
+    """``argv`` starts with the subcommand; its exit status, its errors
+    told as the command's (pyvmm.stopping)."""
+    return stopping.contained(lambda: _subcommand(argv))
+
+
+def _subcommand(argv: list[str]) -> int:
+    stopping.standard_fds()
     name, args = argv[0], argv[1:]
     path, rest = _api_sock(args, name)
     if not path:

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyvmm import stopping
 from pyvmm.config import VmConfig
 from pyvmm.devices.console import ConsoleClosed
 from pyvmm.errors import PyvmmError, stop_message
@@ -48,7 +49,6 @@ from pyvmm.vmm import Vmm
 PR_SET_PDEATHSIG = 1
 #: The console's fds a pooled VM takes with b"go" (stdout, stderr).
 MAX_GO_FDS = 2
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass
@@ -74,21 +74,6 @@ class ChildSpec:
     #: starts at the request's first byte (CLOCK_MONOTONIC ns, ``arrived_ns``).
     trace: str | None = None
     arrived_ns: int = 0
-
-
-class _Stop(BaseException):
-    """A stop signal before the guest runs (afterwards C handles them)."""
-
-
-_stop = 0
-
-
-def _on_stop(signum: int, frame: Any) -> None:
-    global _stop
-    if _stop:
-        return  # the first one is being handled: let the clean-up finish
-    _stop = signum
-    raise _Stop(signum)
 
 
 def _send(fd: int, message: dict[str, Any]) -> None:
@@ -272,9 +257,11 @@ def _run(spec: ChildSpec, channel: int, usr1: int, times: dict[str, int]) -> tup
 
     def console() -> None:
         _console(spec)
-        _setup_logging(spec.log_level)
+        # The handler made at the first line shown (most runs show none),
+        # not here (0.6 ms of every start).
+        stopping.defer_logging(spec.log_level)
         for note in spec.notes:
-            _say(note)
+            stopping.say(note)
 
     notes = _Notes()
     if not spec.pooled:
@@ -444,39 +431,22 @@ def _logged(level: str, notes: _Notes) -> Iterator[_Notes]:
         log.setLevel(level_saved)
 
 
-def _say(line: str) -> None:
-    try:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError, AttributeError):
-        pass
-
-
-def _setup_logging(level: str) -> None:
-    """pyvmm's log lines on this process's stderr, as the command has them:
-    the handler made at the first line shown (most runs show none), not
-    here (0.6 ms of every start)."""
-    from pyvmm import cli
-
-    cli._defer_logging(level)
-
-
 def main(spec: ChildSpec, channel: int, parent: int, forked_ns: int) -> int:
     """The child's life, after the launcher's fds are closed; its status.
 
     Stop signals are blocked on entry (the launcher blocks them around the
-    fork) and unblocked here once this process's own handlers are in."""
+    fork) and unblocked here once the command's handlers (pyvmm.stopping)
+    are in again: the launcher's own were its loop's."""
     times = {"forked": forked_ns, "child": time.monotonic_ns()}
     # Only a count: a set of the names would write to every name's page
     # (reference counts), which the launcher shares with every child.
     modules = len(sys.modules)
     die_with_parent(parent)
     os.setpgid(0, 0)  # a Ctrl-C meant for the launcher's terminal is the launcher's
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, _on_stop)
+    stopping.handle_stop_signals()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # (blocked: read by the channel's thread)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stopping.STOP_SIGNALS)
     try:
         try:
             usr1 = usr1_fd()
@@ -488,27 +458,25 @@ def main(spec: ChildSpec, channel: int, parent: int, forked_ns: int) -> int:
             if not spec.pooled:
                 _start_trace(spec, "launcher: request read, parsed, planned; fork", forked_ns)
             status, _final = _run(spec, channel, usr1, times)
-        except _Stop:
-            raise PyvmmError(stop_message(_stop)) from None
+        except stopping.Stop:
+            raise PyvmmError(stop_message(stopping.stop_signal())) from None
     except PyvmmError as err:
-        status = 128 + _stop if _stop else err.exit_status
+        stop = stopping.stop_signal()
+        status = 128 + stop if stop else err.exit_status
         running = "running" in times
-        line = f"pyvmm: {err}" if not _stop else f"pyvmm: {stop_message(_stop)}"
+        line = stopping.stop_line(stop) if stop else f"pyvmm: {err}"
         _send(channel, {"event": "error", "message": line, "status": status, "running": running})
         if running and not isinstance(err, ConsoleClosed):  # 141 says it, as the command
-            _say(line)
+            stopping.say(line)
     except Exception as err:  # a pyvmm bug: one line, as the command says it
         status = 1
-        line = (
-            f"pyvmm: internal error: {type(err).__name__}: {err} "
-            "(PYVMM_DEBUG=1 shows where; please report it)"
-        )
+        line = stopping.internal_error_line(err)
         if os.environ.get("PYVMM_DEBUG"):
             import traceback
 
             traceback.print_exc()
         _send(channel, {"event": "error", "message": line, "status": 1, "internal": True})
-        _say(line)
+        stopping.say(line)
     _finish_trace(spec)
     if len(sys.modules) != modules:
         new = sorted(list(sys.modules)[modules:])

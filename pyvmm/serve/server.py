@@ -50,6 +50,7 @@ from pyvmm.serve.vms import (
     spawn,
 )
 from pyvmm.serve.warm import HostFacts
+from pyvmm.stopping import internal_error
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: How long a VM gets to end after its stop signal before SIGKILL (s).
@@ -430,7 +431,7 @@ class Launcher:
         except HttpError as err:
             answer = (err.status, err.body())
         except Exception as err:  # a launcher bug: this request fails, serving goes on
-            answer = (500, error_body(f"pyvmm: internal error: {type(err).__name__}: {err}"))
+            answer = (500, error_body(f"pyvmm: {internal_error(err)}"))
         finally:
             _close_fds(request.fds)
         if answer is not None:
@@ -787,7 +788,7 @@ class Launcher:
             try:
                 self._event(vm, event["event"], event)
             except Exception as err:  # a launcher bug: that VM goes, serving goes on
-                self._bad_message(vm, f"internal error: {type(err).__name__}: {err}")
+                self._bad_message(vm, internal_error(err))
                 return
 
     def _bad_message(self, vm: Vm, why: str) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyvmm import cli
+from pyvmm import cli, stopping
 from pyvmm.errors import PyvmmError, UsageError
 from pyvmm.plan import make_plan
 from pyvmm.serve import child
@@ -235,7 +235,7 @@ def spawn(
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError, AttributeError):
             stream.flush()
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, child.STOP_SIGNALS)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, stopping.STOP_SIGNALS)
     try:
         pid = os.fork()
         if pid == 0:
