@@ -3,20 +3,18 @@
 #include <linux/kvm.h>
 
 #include "arch.h"
-#include "hvt_abi.h"
+#include "hctransport.h"
 
 unsigned pyvmm_arch_hypercall(const struct pyvmm_exit *exit, uint64_t *gpa)
 {
-    uint64_t off;
+    uint32_t n;
 
-    if (exit->reason != KVM_EXIT_MMIO || !exit->mmio_is_write || exit->mmio_len != 4 ||
-        exit->mmio_addr < HVT_HYPERCALL_MMIO_BASE)
+    if (exit->reason != KVM_EXIT_MMIO)
         return 0;
-    off = exit->mmio_addr - HVT_HYPERCALL_MMIO_BASE;
-    if (off & 7 || off == 0 || (off >> 3) > HVT_HYPERCALL_MAX)
-        return 0;
-    *gpa = exit->mmio_value;
-    return (unsigned)(off >> 3);
+    n = pyvmm_hypercall_mmio(exit->mmio_is_write, exit->mmio_len, exit->mmio_addr);
+    if (n)
+        *gpa = exit->mmio_value;
+    return n;
 }
 
 void pyvmm_arch_decode_exit(const struct kvm_run *run, struct pyvmm_exit *exit)

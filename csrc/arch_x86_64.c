@@ -2,19 +2,17 @@
 #include <linux/kvm.h>
 
 #include "arch.h"
-#include "hvt_abi.h"
+#include "hctransport.h"
 
 unsigned pyvmm_arch_hypercall(const struct pyvmm_exit *exit, uint64_t *gpa)
 {
     uint32_t n;
 
-    if (exit->reason != KVM_EXIT_IO || exit->io_direction != KVM_EXIT_IO_OUT ||
-        exit->io_size != 4 || exit->io_count != 1)
+    if (exit->reason != KVM_EXIT_IO || exit->io_direction != KVM_EXIT_IO_OUT)
         return 0;
-    n = exit->io_port - HVT_HYPERCALL_PIO_BASE;
-    if (exit->io_port < HVT_HYPERCALL_PIO_BASE || n == 0 || n > HVT_HYPERCALL_MAX)
-        return 0;
-    *gpa = exit->io_value;
+    n = pyvmm_hypercall_pio(exit->io_size, exit->io_count, exit->io_port);
+    if (n)
+        *gpa = exit->io_value;
     return n;
 }
 

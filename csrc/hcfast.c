@@ -27,7 +27,7 @@ PYVMM_ARRAY_LEN_IS(struct pyvmm_fastpath, blk_capacity, MFT_MAX_ENTRIES);
 PYVMM_ARRAY_LEN_IS(struct pyvmm_fastpath, blk_block_size, MFT_MAX_ENTRIES);
 PYVMM_ARRAY_LEN_IS(struct pyvmm_fastpath, poll_fd, PYVMM_FAST_MAX_POLL);
 PYVMM_ARRAY_LEN_IS(struct pyvmm_fastpath, poll_handle, PYVMM_FAST_MAX_POLL);
-_Static_assert(PYVMM_FAST_MAX_POLL == MFT_MAX_ENTRIES + 1, "the stop eventfd and every handle");
+_Static_assert(PYVMM_FAST_MAX_POLL == PYVMM_WAIT_MAX_FDS, "one poll-set limit (fdwait.h)");
 /* The manifest's handles and hvt's ABI facts, for every header cffi reads
  * with hand-sized arrays. */
 PYVMM_ARRAY_LEN_IS(struct mft_entry, name, MFT_NAME_SIZE);
@@ -246,7 +246,7 @@ static int block_io(struct pyvmm_fastpath *fp, uint64_t gpa, int is_read)
 static int poll_hc(struct pyvmm_fastpath *fp, uint64_t gpa, int *interrupted)
 {
     struct hvt_hc_poll arg;
-    uint64_t ready = 0, mask = 0, waited;
+    uint64_t ready = 0, mask[PYVMM_WAIT_MASK_WORDS] = { 0 }, waited;
     int64_t timeout;
     uint8_t *at;
     int r, sparse;
@@ -261,7 +261,7 @@ static int poll_hc(struct pyvmm_fastpath *fp, uint64_t gpa, int *interrupted)
             timeout = 0;
     }
     waited = clock_ns(CLOCK_MONOTONIC);
-    r = pyvmm_poll_until(fp->poll_fd, (int)n, timeout, &mask);
+    r = pyvmm_poll_until(fp->poll_fd, (int)n, timeout, mask);
     waited = clock_ns(CLOCK_MONOTONIC) - waited;
     if (r < 0 && r != -EINTR)
         return PYTHON;   /* Python waits again and reports the failure */
@@ -279,7 +279,7 @@ static int poll_hc(struct pyvmm_fastpath *fp, uint64_t gpa, int *interrupted)
     if (fp->shm)
         ready |= shm_poll_ready_set(fp->shm);
     for (i = 0; r > 0 && i < n; i++)
-        if ((mask & ((uint64_t)1 << i)) && fp->poll_handle[i] >= 0)
+        if ((mask[i / 64] >> (i % 64) & 1) && fp->poll_handle[i] >= 0)
             ready |= (uint64_t)1 << fp->poll_handle[i];
     arg.ready_set = ready;
     arg.ret = HVT_RET_OK;

@@ -23,10 +23,9 @@
 #include "guestmem.h"
 #include "native.h"
 
-/* The poll set: the stop eventfd and one fd per manifest handle at most
- * (MFT_MAX_ENTRIES + 1; the arrays below are sized by hand for cffi and
- * checked against the constants in hcfast.c). */
-#define PYVMM_FAST_MAX_POLL 65
+/* The poll set's limit: fdwait.h's PYVMM_WAIT_MAX_FDS (a literal here and
+ * in the arrays below for cffi, checked against it in hcfast.c). */
+#define PYVMM_FAST_MAX_POLL 66
 
 /* What poll needs of a shmstream region (iothread.h). */
 struct pyvmm_shm_poll;
@@ -46,8 +45,8 @@ struct pyvmm_fastpath {
     /* What poll waits on: the stop eventfd first, the shmstream wake
      * eventfd next if there is a region (handle -1 both), then taps. */
     uint32_t n_poll;
-    int32_t poll_fd[65];
-    int32_t poll_handle[65];
+    int32_t poll_fd[66];
+    int32_t poll_handle[66];
     /* Counters: hypercalls answered here (each one a VM exit that reached
      * pyvmm's process but not Python), and frames dropped the way
      * TapBackend drops them. */

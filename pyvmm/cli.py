@@ -25,7 +25,7 @@ import _signal  # signal's constants without the signal module (it imports enum)
 import os
 import sys
 
-from pyvmm import __version__, entry, trace
+from pyvmm import __version__, stopping, trace
 from pyvmm.config import DEFAULT_MEM_MIB, VmConfig, is_decimal
 from pyvmm.errors import OutputError, PyvmmError, UsageError
 
@@ -853,16 +853,6 @@ def version_text() -> tuple[str, NoHostFacts | None]:
     return "\n".join(lines), None
 
 
-def _say(line: str) -> None:
-    """One line on stderr (sys.stderr is None if fd 2 was closed at start)."""
-    try:
-        if sys.stderr is not None:
-            sys.stderr.write(line + "\n")
-            sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
-
-
 def _emit(text: str) -> None:
     """``text`` on stdout, or OutputError (stdout closed, full, gone)."""
     data = text.encode()
@@ -873,122 +863,51 @@ def _emit(text: str) -> None:
         raise OutputError(f"cannot write to standard output: {err.strerror or err}") from None
 
 
-def _standard_fds() -> None:
-    """Refuse a closed stdout at once (the guest's console goes there), and
-    hold fds 0 and 2 open if they are closed, so that no device or file
-    pyvmm opens later gets one of them."""
-    for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-            continue
-        except OSError:
-            pass
-        if fd == 1:
-            raise OutputError(
-                "standard output is closed: the guest's console output would be lost "
-                "(redirect it to a file or /dev/null instead)"
-            )
-        null = os.open(os.devnull, os.O_RDWR)
-        if null != fd:
-            os.dup2(null, fd)
-            os.close(null)
-
-
-def _setup_logging(level: str) -> None:
-    import logging
-
-    from pyvmm.log import log
-
-    class _LineFormatter(logging.Formatter):
-        def format(self, record: logging.LogRecord) -> str:
-            return "pyvmm: " + " ".join(super().format(record).split("\n"))
-
-    handler = logging.StreamHandler(sys.stderr if sys.stderr is not None else sys.__stderr__)
-    handler.setFormatter(_LineFormatter())
-    log.handlers[:] = [handler]
-    log.propagate = False
-    log.setLevel(level.upper())
-
-
-def _defer_logging(level: str) -> None:
-    """As _setup_logging, but logging is imported only for the first line
-    shown (most runs show none: pyvmm.log)."""
-    from pyvmm.log import log
-
-    log.defer(
-        {"error": 40, "warning": 30, "info": 20, "debug": 10}[level],
-        lambda: _setup_logging(level),
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
+    """The command's exit status, its errors told as pyvmm.stopping says
+    (its ``serve`` and ``run`` subcommands are pyvmm.serve's: pyvmm.entry
+    chooses)."""
     argv = sys.argv[1:] if argv is None else argv
     # SIGUSR1 asks a running guest's counters (statsview.py); before the
     # guest runs there are none to print, and it must not kill pyvmm.
     _signal.signal(_signal.SIGUSR1, _signal.SIG_IGN)
-    cmd: Command | None = None
-    try:
-        _standard_fds()
-        if argv[:1] in (["serve"], ["run"]):  # the warm launcher and its client
-            from pyvmm.serve import main as serve_main
+    parsed: list[Command] = []
 
-            return serve_main(argv)
-        cmd = parse_command(argv)
-        trace.early("argument parsing")
-        if cmd.trace is not None:
-            try:
-                trace.enable(cmd.trace)
-            except OSError as err:
-                raise UsageError(f"--trace: cannot create {cmd.trace}: {err.strerror}") from None
-        if cmd.action == "help":
-            _emit(usage())
-            return 0
-        if cmd.action == "version":
-            text, unavailable = version_text()
-            trace.mark("host facts (/dev/kvm, a throw-away VM and vCPU)")
-            _emit(text + "\n")
-            if unavailable is not None:
-                raise unavailable
-            return 0
-        _defer_logging(cmd.log_level)
-        if cmd.action == "query-manifest":
-            from pyvmm.query import query_manifest
+    def explain(err: PyvmmError) -> str:
+        return kernel_hint(parsed[0], err) if parsed else str(err)
 
-            _emit(query_manifest(cmd.config.kernel, as_json=cmd.json, legacy=True))
-            return 0
-        from pyvmm.vmm import run
-
-        trace.mark("imports: VMM")
-        entry.check()
-        return run(cmd.config)
-    except PyvmmError as err:
-        if entry.stop_signal():
-            raise
-        if sys.stdout is not None:
-            try:
-                sys.stdout.flush()
-            except OSError:
-                pass
-        _say(f"pyvmm: {kernel_hint(cmd, err) if cmd is not None else err}")
-        return err.exit_status
-    except KeyboardInterrupt:  # called without pyvmm.entry (tests, a program)
-        _say(f"pyvmm: {stop_text(_signal.SIGINT)}")
-        return 128 + _signal.SIGINT
-    except Exception as err:  # a pyvmm bug: still one line, details on request
-        if entry.stop_signal() or os.environ.get("PYVMM_DEBUG"):
-            raise
-        _say(
-            f"pyvmm: internal error: {type(err).__name__}: {err} "
-            "(PYVMM_DEBUG=1 shows where; please report it)"
-        )
-        return 1
+    return stopping.contained(lambda: _command(argv, parsed), explain)
 
 
-def stop_text(signum: int) -> str:
-    from pyvmm.errors import stop_message
+def _command(argv: list[str], parsed: list[Command]) -> int:
+    """What the command line asks for, done; the command parsed into ``parsed``."""
+    stopping.standard_fds()
+    cmd = parse_command(argv)
+    parsed.append(cmd)
+    trace.early("argument parsing")
+    if cmd.trace is not None:
+        try:
+            trace.enable(cmd.trace)
+        except OSError as err:
+            raise UsageError(f"--trace: cannot create {cmd.trace}: {err.strerror}") from None
+    if cmd.action == "help":
+        _emit(usage())
+        return 0
+    if cmd.action == "version":
+        text, unavailable = version_text()
+        trace.mark("host facts (/dev/kvm, a throw-away VM and vCPU)")
+        _emit(text + "\n")
+        if unavailable is not None:
+            raise unavailable
+        return 0
+    stopping.defer_logging(cmd.log_level)
+    if cmd.action == "query-manifest":
+        from pyvmm.query import query_manifest
 
-    return stop_message(signum)
+        _emit(query_manifest(cmd.config.kernel, as_json=cmd.json, legacy=True))
+        return 0
+    from pyvmm.vmm import run
 
-
-if __name__ == "__main__":
-    entry.run()
+    trace.mark("imports: VMM")
+    stopping.check()
+    return run(cmd.config)

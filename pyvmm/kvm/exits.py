@@ -13,13 +13,18 @@ from collections import namedtuple
 from pyvmm._native import lib
 
 
-def _exit(name: str, fields: str, doc: str) -> type:
-    cls = namedtuple(name, fields, module=__name__)
+def _exit(name: str, fields: str, doc: str, defaults: tuple = ()) -> type:
+    cls = namedtuple(name, fields, module=__name__, defaults=defaults)
     cls.__doc__ = doc
     return cls
 
 
-IoOut = _exit("IoOut", "port size value", "A port write (x86 hypercalls and doorbells).")
+IoOut = _exit(
+    "IoOut",
+    "port size value count",
+    "A port write (x86 hypercalls and doorbells); count > 1 for a string write (rep outs).",
+    defaults=(1,),
+)
 IoIn = _exit("IoIn", "port size", "A port read.")
 Mmio = _exit(
     "Mmio",
@@ -72,7 +77,7 @@ def decode(exit) -> VcpuExit:
     reason = exit.reason
     if reason == lib.KVM_EXIT_IO:
         if exit.io_direction == lib.KVM_EXIT_IO_OUT:
-            return IoOut(exit.io_port, exit.io_size, exit.io_value)
+            return IoOut(exit.io_port, exit.io_size, exit.io_value, exit.io_count)
         return IoIn(exit.io_port, exit.io_size)
     if reason == lib.KVM_EXIT_MMIO:
         return Mmio(exit.mmio_addr, exit.mmio_len, bool(exit.mmio_is_write), exit.mmio_value)

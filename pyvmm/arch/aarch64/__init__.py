@@ -12,9 +12,12 @@ from typing import TYPE_CHECKING
 
 from pyvmm._native import lib
 from pyvmm.arch.aarch64 import cpu, faults, mmu
+from pyvmm.arch.boottables import BootTables
 from pyvmm.kvm import Mmio
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from pyvmm.arch import ExitHandler
     from pyvmm.errors import GuestFault
     from pyvmm.kvm import System, Vcpu, VcpuExit, Vm
@@ -22,8 +25,6 @@ if TYPE_CHECKING:
 
 #: Whether the extension was built for aarch64 (it has arm64's KVM ioctls).
 NATIVE = hasattr(lib, "KVM_ARM_VCPU_INIT")
-HYPERCALL_MMIO = lib.HVT_HYPERCALL_MMIO_BASE
-HYPERCALL_MAX = lib.HVT_HYPERCALL_MAX
 #: The doorbells pyvmm names by their x86 port, at their MMIO address here.
 DOORBELLS = {
     lib.HVT_RING_KICK_PIO: lib.HVT_RING_KICK_MMIO,
@@ -38,10 +39,22 @@ class Aarch64:
     # EL1, the guest's kernel level (as solo5-hvt runs it).
     modes = {"kernel": 1}
 
+    def __init__(self) -> None:
+        # One mode: the tables depend on the regions alone.
+        self._boot_tables = BootTables(lambda regions, mode: mmu.translation_tables(regions))
+
     def prepare_memory(
         self, memory: GuestMemory, regions: list[tuple[int, int, Protection]], mode: str
     ) -> None:
-        mmu.setup_memory(memory, regions)
+        mmu.setup_memory(memory, regions, self._boot_tables.get(regions, mode))
+
+    def keep_boot_tables(self, entries: int) -> None:
+        self._boot_tables.keep(entries)
+
+    def boot_tables(
+        self, regions: list[tuple[int, int, Protection]], mode: str
+    ) -> Mapping[int, bytes]:
+        return self._boot_tables.get(regions, mode)
 
     def setup_vcpu(
         self, system: System, vcpu: Vcpu, *, entry: int, stack: int, boot_info: int, mode: str
@@ -57,11 +70,12 @@ class Aarch64:
         return lib.pyvmm_arm64_cntfrq()
 
     def hypercall(self, exit: VcpuExit) -> tuple[int, int] | None:
-        # The argument's GPA is the 32-bit value stored (hvt_abi.h).
-        if type(exit) is Mmio and exit.is_write and exit.length == 4:
-            offset = exit.addr - HYPERCALL_MMIO
-            if offset & 7 == 0 and 0 < offset >> 3 <= HYPERCALL_MAX:
-                return offset >> 3, exit.value
+        # The transport's one decode (csrc/hctransport.h), the fast path's
+        # too; the argument's GPA is the 32-bit value stored.
+        if type(exit) is Mmio:
+            number = lib.pyvmm_hypercall_mmio(exit.is_write, exit.length, exit.addr)
+            if number:
+                return number, exit.value
         return None
 
     def add_doorbell(self, vm: Vm, eventfd: int, doorbell: int) -> None:

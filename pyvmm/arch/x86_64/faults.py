@@ -19,15 +19,16 @@ if TYPE_CHECKING:
     from pyvmm.kvm import Vcpu, VcpuExit
     from pyvmm.memory import GuestMemory
 
-HVT_PIO_BASE = lib.HVT_HYPERCALL_PIO_BASE
-
 
 def explain(exit: VcpuExit, vcpu: Vcpu, memory: GuestMemory) -> GuestFault | None:
     match exit:
-        case IoOut(port=port, size=4) if 0 <= port - HVT_PIO_BASE < lib.HVT_HYPERCALL_MAX:
+        case IoOut(port=port, size=size, count=count) if (
+            number := lib.pyvmm_hypercall_pio_slot(size, count, port)
+        ) >= 0:
+            # Shaped as a hypercall (csrc/hctransport.h) but not one pyvmm answers.
             what = (
                 f"invalid hypercall: 4-byte write to port {port:#x} "
-                f"(Invalid guest hypercall: num={port - HVT_PIO_BASE})"
+                f"(Invalid guest hypercall: num={number})"
             )
         case IoOut(port=port, size=size):
             what = (

@@ -1,0 +1,37 @@
+/* See hctransport.h: which port write or MMIO store is an hvt hypercall. */
+#include "hctransport.h"
+#include "hvt_abi.h"
+
+int32_t pyvmm_hypercall_pio_slot(uint32_t size, uint32_t count, uint32_t port)
+{
+    /* `rep outsl` exits with count > 1: a string of values, no hypercall. */
+    if (size != 4 || count != 1 || port < HVT_HYPERCALL_PIO_BASE ||
+        port - HVT_HYPERCALL_PIO_BASE > HVT_HYPERCALL_MAX)
+        return -1;
+    return (int32_t)(port - HVT_HYPERCALL_PIO_BASE);
+}
+
+uint32_t pyvmm_hypercall_pio(uint32_t size, uint32_t count, uint32_t port)
+{
+    int32_t slot = pyvmm_hypercall_pio_slot(size, count, port);
+    return slot > 0 ? (uint32_t)slot : 0;
+}
+
+int32_t pyvmm_hypercall_mmio_slot(uint32_t len, uint64_t addr)
+{
+    uint64_t off;
+
+    /* `str w`: 4 bytes; each hypercall has its own 8-byte-aligned address. */
+    if (len != 4 || addr < HVT_HYPERCALL_MMIO_BASE)
+        return -1;
+    off = addr - HVT_HYPERCALL_MMIO_BASE;
+    if (off & 7 || (off >> 3) > HVT_HYPERCALL_MAX)
+        return -1;
+    return (int32_t)(off >> 3);
+}
+
+uint32_t pyvmm_hypercall_mmio(uint32_t is_write, uint32_t len, uint64_t addr)
+{
+    int32_t slot = is_write ? pyvmm_hypercall_mmio_slot(len, addr) : -1;
+    return slot > 0 ? (uint32_t)slot : 0;
+}

@@ -1,0 +1,37 @@
+/*
+ * The hvt hypercall transport, decoded once: the fast path (arch.h's
+ * pyvmm_arch_hypercall, for hcfast.c) and Python's Arch.hypercall both ask
+ * these functions, so C and Python agree on what is a hypercall by
+ * construction.
+ *
+ *   x86_64   one 4-byte `outl` (not a `rep outsl`) of the argument's GPA
+ *            to port HVT_HYPERCALL_PIO_BASE + n
+ *   aarch64  one 32-bit store of the argument's GPA to
+ *            HVT_HYPERCALL_MMIO_BASE + (n << 3)
+ *
+ * A hypercall's number n is 1..HVT_HYPERCALL_MAX; the GPA is the value
+ * written.  Both transports are compiled on every machine (they are only
+ * arithmetic on an exit's fields), so each is checked on any host.  Read
+ * by cffi.
+ */
+#ifndef PYVMM_HCTRANSPORT_H
+#define PYVMM_HCTRANSPORT_H
+
+#include <stdint.h>
+
+/*
+ * The hypercall slot a port write (size bytes, count elements, to port)
+ * is aimed at: n when it has the transport's shape and port is
+ * HVT_HYPERCALL_PIO_BASE + n with n in 0..HVT_HYPERCALL_MAX, -1 for every
+ * other write.  Slot 0 is no hypercall: a guest error named by its number.
+ */
+int32_t pyvmm_hypercall_pio_slot(uint32_t size, uint32_t count, uint32_t port);
+/* The hypercall number a port write carries (its slot, 1..MAX), 0 if none. */
+uint32_t pyvmm_hypercall_pio(uint32_t size, uint32_t count, uint32_t port);
+
+/* The same for an MMIO store of len bytes to addr (aarch64). */
+int32_t pyvmm_hypercall_mmio_slot(uint32_t len, uint64_t addr);
+/* The hypercall number an MMIO access carries, 0 if none (a load never). */
+uint32_t pyvmm_hypercall_mmio(uint32_t is_write, uint32_t len, uint64_t addr);
+
+#endif

@@ -1,0 +1,118 @@
+"""Which exit is an hvt hypercall is decoded once, in C (csrc/hctransport.h),
+for the fast path and for Python's Arch.hypercall alike: one 4-byte `outl`
+to port 0x500 + n on x86_64, one 32-bit store to the MMIO window + 8n on
+aarch64, n in 1..HVT_HYPERCALL_MAX. A string write (`rep outsl`, KVM's
+count > 1), another width or another number is no hypercall, and the
+fault line for a write to the hypercall ports names the number only when
+the write had the transport's shape."""
+
+from __future__ import annotations
+
+import pytest
+
+from pyvmm._native import lib
+from pyvmm.arch.aarch64 import ARCH as AARCH64
+from pyvmm.arch.x86_64 import ARCH as X86_64
+from pyvmm.arch.x86_64 import faults
+from pyvmm.kvm import IoOut, Mmio, System
+
+PIO = lib.HVT_HYPERCALL_PIO_BASE
+MMIO = lib.HVT_HYPERCALL_MMIO_BASE
+MAX = lib.HVT_HYPERCALL_MAX
+GPA = 0x12340
+
+
+@pytest.mark.parametrize("number", range(1, MAX + 1))
+def test_one_outl_to_a_hypercall_port_is_that_hypercall(number):
+    assert X86_64.hypercall(IoOut(PIO + number, 4, GPA, 1)) == (number, GPA)
+    assert X86_64.hypercall(IoOut(PIO + number, 4, GPA)) == (number, GPA)  # count 1 by default
+
+
+@pytest.mark.parametrize("count", [0, 2, 3, 1024])
+def test_a_string_write_to_a_hypercall_port_is_no_hypercall(count):
+    """`rep outsl` with count > 1 (the C fast path always refused it)."""
+    assert X86_64.hypercall(IoOut(PIO + lib.HVT_HYPERCALL_PUTS, 4, GPA, count)) is None
+
+
+@pytest.mark.parametrize("size", [1, 2, 8])
+def test_another_width_is_no_hypercall(size):
+    assert X86_64.hypercall(IoOut(PIO + lib.HVT_HYPERCALL_WALLTIME, size, GPA)) is None
+
+
+@pytest.mark.parametrize("port", [0, PIO - 1, PIO, PIO + MAX + 1, 0x600, 0xFFFF])
+def test_a_port_outside_the_hypercalls_is_no_hypercall(port):
+    assert X86_64.hypercall(IoOut(port, 4, GPA)) is None
+
+
+def test_an_mmio_exit_is_no_x86_hypercall_and_a_port_write_no_aarch64_one():
+    assert X86_64.hypercall(Mmio(MMIO + 8 * 2, 4, True, GPA)) is None
+    assert AARCH64.hypercall(IoOut(PIO + 2, 4, GPA)) is None
+
+
+@pytest.mark.parametrize(
+    "args, slot",
+    [
+        ((4, 1, PIO), 0),
+        ((4, 1, PIO + 3), 3),
+        ((4, 1, PIO + MAX), MAX),
+        ((4, 1, PIO + MAX + 1), -1),
+        ((4, 2, PIO + 3), -1),
+        ((2, 1, PIO + 3), -1),
+        ((4, 1, PIO - 1), -1),
+    ],
+)
+def test_the_hypercall_slot_of_a_port_write(args, slot):
+    """The slot is what a fault line names; 0 and numbers pyvmm does not
+    answer are guest errors, not the transport's."""
+    assert lib.pyvmm_hypercall_pio_slot(*args) == slot
+    assert lib.pyvmm_hypercall_pio(*args) == max(slot, 0)
+
+
+@pytest.mark.parametrize(
+    "args, number",
+    [
+        ((True, 4, MMIO + 8 * 2), 2),
+        ((True, 4, MMIO + 8 * MAX), MAX),
+        ((True, 4, MMIO), 0),
+        ((True, 4, MMIO + 8 * (MAX + 1)), 0),
+        ((True, 4, MMIO + 8 * 2 + 4), 0),
+        ((True, 8, MMIO + 8 * 2), 0),
+        ((False, 4, MMIO + 8 * 2), 0),
+        ((True, 4, MMIO - 8), 0),
+    ],
+)
+def test_the_mmio_transport_is_decoded_the_same_from_python(args, number):
+    assert lib.pyvmm_hypercall_mmio(*args) == number
+    expected = (number, GPA) if number else None
+    assert AARCH64.hypercall(Mmio(args[2], args[1], args[0], GPA)) == expected
+
+
+@pytest.fixture
+def vcpu():
+    with System() as kvm, kvm.create_vm() as vm:
+        yield vm.create_vcpu(0)
+
+
+@pytest.mark.kvm
+@pytest.mark.parametrize("number", [0, 1, MAX - 1, MAX])
+def test_a_hypercall_pyvmm_does_not_answer_is_named_by_its_number(vcpu, number):
+    fault = faults.explain(IoOut(PIO + number, 4, GPA), vcpu, None)
+    assert f"4-byte write to port {PIO + number:#x} (Invalid guest hypercall: num={number})" in str(
+        fault
+    )
+
+
+@pytest.mark.kvm
+@pytest.mark.parametrize(
+    "exit, size",
+    [
+        (IoOut(PIO + 2, 4, GPA, 2), 4),
+        (IoOut(PIO + 2, 2, GPA), 2),
+        (IoOut(PIO + MAX + 1, 4, GPA), 4),
+    ],
+)
+def test_a_write_without_the_transports_shape_is_a_port_access(vcpu, exit, size):
+    fault = str(faults.explain(exit, vcpu, None))
+    assert f"invalid hypercall: {size}-byte write to port {exit.port:#x} " in fault
+    assert f"(Invalid guest port access: port={exit.port:#x})" in fault
+    assert "num=" not in fault
