@@ -122,9 +122,7 @@ def _flat(snap: Snapshot) -> dict[str, float]:
         for key, value in dev.items():
             flat[f"{name}.{key}"] = value
     flat["drops.pyvmm"] = pyvmm_drops(snap)
-    flat["drops.tap"] = sum(
-        t["tx_dropped"] + t["rx_dropped"] for t in (snap.get("taps") or {}).values()
-    )
+    flat["drops.tap"] = sum(sum(_tap_drops(t).values()) for t in (snap.get("taps") or {}).values())
     reached = sum(snap.get("exits_to_pyvmm", {}).values())
     flat["exits.pyvmm"] = reached
     flat["exits.python"] = reached - (snap.get("hypercalls_in_c") or {}).get("answered", 0)
@@ -134,9 +132,8 @@ def _flat(snap: Snapshot) -> dict[str, float]:
     for name, value in snap.get("hypercalls", {}).items():
         flat[f"hc.{name}"] = value
     thread = _thread(snap)
-    for key in ("wakeups", "kicks", "sleeps", "busy_passes", "idle_spins", "cpu_ns"):
-        if key in thread:
-            flat[f"io.{key}"] = thread[key]
+    for key, value in thread.items():  # struct io_stats's fields and cpu_ns
+        flat[f"io.{key}"] = value
     if "shmstream" in snap:
         flat["io.guest_wakeups"] = sum(
             d["notify_sent"] for d in snap["shmstream"]["devices"].values()
