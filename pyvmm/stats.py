@@ -11,6 +11,7 @@ each thread's CPU time.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from pyvmm._native import ffi
@@ -253,6 +254,7 @@ def report(
     devices: list[Any],
     kvm: dict[str, int] | None,
     net_service: tuple[str, Any] | None,
+    services: Sequence[tuple[str, Any]] = (),
 ) -> dict[str, Any]:
     """The whole counter set of a run (keys as documented for --stats)."""
     out: dict[str, Any] = {
@@ -279,7 +281,8 @@ def report(
         out["devices"] = rest
     if kvm is not None:
         out["kvm"] = kvm
-    if net_service is not None:
-        key, service = net_service
+    # Each IO service's counters under its key (shmstream, solo5_ring, a
+    # device kind's own): ``net_service`` is one such pair, ``services`` any.
+    for key, service in ([net_service] if net_service is not None else []) + list(services):
         out[key] = service.counters()
     return out

@@ -154,3 +154,17 @@ def test_each_fast_path_counter_counts_one_hypercall():
     assert sorted(attributed) == sorted(set(stats.FAST_PATH_COUNTERS) - {"answered"})
     assert set(by_name) <= set(stats.HYPERCALL_NAMES.values())
     assert stats.HYPERCALL_NAMES[lib.HVT_HYPERCALL_NET_READ] == "net_read"
+
+
+def test_each_io_services_counters_under_its_key():
+    class Service:
+        def __init__(self, counted: dict) -> None:
+            self.counted = counted
+
+        def counters(self) -> dict:
+            return self.counted
+
+    shm = Service({"mode": "event", "thread": {}, "devices": {}})
+    probe = Service({"mode": "event", "thread": {}, "polls": 2})
+    snap = report(None, [], net_service=("shmstream", shm), services=[("probe", probe)])
+    assert snap["shmstream"] == shm.counted and snap["probe"] == probe.counted
