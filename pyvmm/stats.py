@@ -4,8 +4,10 @@ What ``--stats``/``--stats-json`` show and ``Vmm.counters()`` returns
 (docs/stats.md has the schema): VM exits that reached pyvmm by reason
 (whether C or Python answered them), hypercalls by name, what the C fast
 path answered, frames the hypercall path dropped, each tap's own kernel
-counters, KVM's own per-vCPU statistics, the IO thread's ring counters and
-each thread's CPU time.
+counters, whatever else a device counts (by its own names), KVM's own
+per-vCPU statistics, the IO thread's ring counters and each thread's CPU
+time. The names come from where things are counted (the C structs through
+cffi, each device's ``counters()``); the tables here only say what they mean.
 """
 
 from __future__ import annotations

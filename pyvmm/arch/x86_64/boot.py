@@ -19,7 +19,6 @@ happened.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
 from pyvmm._native import lib
 from pyvmm.arch.tables import place_page_tables
@@ -34,6 +33,7 @@ from pyvmm.arch.x86_64.layout import (  # the TSS's and the trap pages' (re-expo
     write_tables,
 )
 from pyvmm.memory import GuestMemory, Protection
+from pyvmm.record import Record
 
 PAGE = 0x1000
 LARGE_PAGE = 0x200000
@@ -62,18 +62,30 @@ SEG_TYPE_DATA_RWA = 3  # read/write, accessed
 SEG_TYPE_TSS64_BUSY = 11
 
 
-@dataclass(frozen=True)
-class Segment:
+class Segment(Record):
     """One flat segment, as both a GDT descriptor and a kvm_segment."""
 
-    selector: int
-    type: int
-    dpl: int = 0
-    long: bool = False
-    db: bool = False
-    s: bool = True
-    granularity: bool = True
-    limit: int = 0xFFFFF
+    __slots__ = ("selector", "type", "dpl", "long", "db", "s", "granularity", "limit")
+
+    def __init__(
+        self,
+        selector: int,
+        type: int,
+        dpl: int = 0,
+        long: bool = False,
+        db: bool = False,
+        s: bool = True,
+        granularity: bool = True,
+        limit: int = 0xFFFFF,
+    ) -> None:
+        self.selector = selector
+        self.type = type
+        self.dpl = dpl
+        self.long = long
+        self.db = db
+        self.s = s
+        self.granularity = granularity
+        self.limit = limit
 
     def descriptor(self) -> int:
         return (
@@ -200,25 +212,44 @@ GUEST_DATA = Segment(selector=0x10, type=SEG_TYPE_DATA_RWA, dpl=3, db=True)
 TRAP_CODE = Segment(selector=TRAP_CODE_SELECTOR, type=SEG_TYPE_CODE_XA, long=True)
 
 
-@dataclass(frozen=True)
-class Profile:
-    """How the guest is entered: segments, tables and flags of one mode."""
+class Profile(Record):
+    """How the guest is entered: segments, tables and flags of one mode.
 
-    name: str
-    cpl: int
-    segments: tuple[Segment, ...]
-    code: Segment
-    data: Segment
-    gdt_base: int = GDT_BASE
-    #: A TSS with an I/O bitmap allowing every port (hypercalls at CPL 3).
-    tss: bool = False
-    #: Set RFLAGS.IOPL to 3 (the user-mode profile; deprivileged keeps 0 so
-    #: that cli/sti trap on every host, not only on kvm_pvm).
-    iopl3: bool = False
-    #: Offer CR4.FSGSBASE where the CPU has it (wrfsbase for TLS).
-    fsgsbase: bool = False
-    #: pyvmm-private low-area pages (supervisor-only), by address.
-    private: tuple[tuple[int, Protection], ...] = ()
+    ``tss``: a TSS with an I/O bitmap allowing every port (hypercalls at
+    CPL 3); ``iopl3``: RFLAGS.IOPL set to 3 (the user-mode profile;
+    deprivileged keeps 0 so that cli/sti trap on every host, not only on
+    kvm_pvm); ``fsgsbase``: CR4.FSGSBASE offered where the CPU has it
+    (wrfsbase for TLS); ``private``: pyvmm-private low-area pages
+    (supervisor-only), by address."""
+
+    __slots__ = (
+        "name", "cpl", "segments", "code", "data", "gdt_base", "tss", "iopl3", "fsgsbase",
+        "private",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        name: str,
+        cpl: int,
+        segments: tuple[Segment, ...],
+        code: Segment,
+        data: Segment,
+        gdt_base: int = GDT_BASE,
+        tss: bool = False,
+        iopl3: bool = False,
+        fsgsbase: bool = False,
+        private: tuple[tuple[int, Protection], ...] = (),
+    ) -> None:
+        self.name = name
+        self.cpl = cpl
+        self.segments = segments
+        self.code = code
+        self.data = data
+        self.gdt_base = gdt_base
+        self.tss = tss
+        self.iopl3 = iopl3
+        self.fsgsbase = fsgsbase
+        self.private = private
 
 
 KERNEL = Profile("kernel", 0, (KERNEL_CODE, KERNEL_DATA), KERNEL_CODE, KERNEL_DATA)
