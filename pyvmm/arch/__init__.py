@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Protocol
 from pyvmm.errors import HostError
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from pyvmm.errors import GuestFault
     from pyvmm.kvm import System, Vcpu, VcpuExit, Vm
     from pyvmm.memory import GuestMemory, Protection
@@ -57,6 +59,17 @@ class Arch(Protocol):
         self, memory: GuestMemory, regions: list[tuple[int, int, Protection]], mode: str
     ) -> None:
         """Write what the guest needs at entry besides the ELF image (tables)."""
+
+    def keep_boot_tables(self, entries: int) -> None:
+        """From now on keep the page tables ``prepare_memory`` computes, for
+        up to ``entries`` (regions, mode) pairs: a warm launcher forking many
+        VMs of one image computes them once (pyvmm/arch/boottables.py)."""
+
+    def boot_tables(
+        self, regions: list[tuple[int, int, Protection]], mode: str
+    ) -> Mapping[int, bytes]:
+        """The page tables ``prepare_memory`` writes for ``regions`` in
+        ``mode`` ({guest address: bytes}): kept ones, or computed now."""
 
     def setup_vcpu(
         self, system: System, vcpu: Vcpu, *, entry: int, stack: int, boot_info: int, mode: str

@@ -13,6 +13,7 @@ from pyvmm.loader.kernel import (
     ProtectedRange,
     load_kernel,
     page_protections,
+    page_regions,
     place,
 )
 from pyvmm.loader.manifest import (
@@ -61,6 +62,7 @@ __all__ = [
     "load_kernel",
     "note_descriptor",
     "page_protections",
+    "page_regions",
     "parse_elf",
     "place",
     "read_abi",

@@ -199,6 +199,12 @@ _PROTECTIONS = {
 }
 
 
+def page_regions(kernel: Kernel) -> list[tuple[int, int, Protection]]:
+    """``page_protections`` as [start, end) ranges, as the architecture's
+    page tables take them (``Arch.prepare_memory``)."""
+    return [(r.start, r.start + r.length, r.protection) for r in page_protections(kernel)]
+
+
 def page_protections(kernel: Kernel) -> tuple[ProtectedRange, ...]:
     """Access rights per page, from the segments' p_flags.
 

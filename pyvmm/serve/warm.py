@@ -3,9 +3,10 @@
 Every module a run can need is imported before the first fork (the child
 then imports nothing: ``imported_after_fork`` in a VM's final report says
 so), the host's facts are read once, and pure computations that depend on
-the unikernel and not on the host (the x86 page tables of a memory layout)
-are done in the launcher before the fork and kept: the next VM of the same
-image and mode gets them for free, and its child shares them copy-on-write.
+the unikernel and not on the host (the page tables of a memory layout) are
+done in the launcher before the fork and kept: the architecture keeps them
+when asked (``Arch.keep_boot_tables``), so the next VM of the same image
+and mode gets them for free, and its child shares them copy-on-write.
 A unikernel read and checked once is kept while its file is unchanged.
 Finally ``gc.freeze()`` moves everything imported into the permanent
 generation, so a child's garbage collections never write to those pages
@@ -18,7 +19,6 @@ copies is documented in docs/security.md.
 
 from __future__ import annotations
 
-import functools
 import gc
 import importlib
 import os
@@ -101,26 +101,8 @@ def import_all(machine: str) -> None:
             importlib.import_module(module.name)
 
 
-def _cache_page_tables() -> Any:
-    """x86_64: memoise ``boot.page_tables`` by its arguments (regions,
-    user, private pages), in this process and the children it forks."""
-    from pyvmm.arch.x86_64 import boot
-
-    original = boot.page_tables
-    if hasattr(original, "cache_info"):
-        return original
-
-    @functools.lru_cache(maxsize=64)
-    def cached(regions: tuple, user: bool, private: tuple) -> dict[int, bytes]:
-        return original(list(regions), user=user, private=dict(private))
-
-    @functools.wraps(original)
-    def page_tables(regions, user=False, private=None):  # type: ignore[no-untyped-def]
-        return cached(tuple(regions), user, tuple(sorted((private or {}).items())))
-
-    page_tables.cache_info = cached.cache_info  # type: ignore[attr-defined]
-    boot.page_tables = page_tables
-    return page_tables
+#: Page-table images the launcher keeps (one per image and mode in use).
+BOOT_TABLES_KEPT = 64
 
 
 #: Every kernel a cache of this process loaded, while anything still holds
@@ -221,15 +203,24 @@ def forget_other_images(own: Any) -> None:
 
 
 def precompute(plan: Any) -> None:
-    """Before the fork: what ``Vmm`` would compute from the plan alone."""
-    if plan.arch.machine != "x86_64":
-        return
-    from pyvmm.arch.x86_64 import boot
-    from pyvmm.loader import page_protections
+    """Before the fork: what ``Vmm`` would compute from the plan alone (the
+    page tables, kept by the architecture since ``warm_up``)."""
+    from pyvmm.loader import page_regions
 
-    profile = boot.profile_for(plan.mode)
-    regions = [(r.start, r.start + r.length, r.protection) for r in page_protections(plan.kernel)]
-    boot.page_tables(regions, user=profile.cpl == 3, private=dict(profile.private))
+    plan.arch.boot_tables(page_regions(plan.kernel), plan.mode)
+
+
+def _keep_boot_tables(machine: str) -> None:
+    """Ask the architecture to keep the page tables it computes (precompute
+    fills them before each fork). An architecture this host cannot run is
+    left to the children, which say so as the command would."""
+    from pyvmm.arch import host_arch
+    from pyvmm.errors import HostError
+
+    try:
+        host_arch(machine).keep_boot_tables(BOOT_TABLES_KEPT)
+    except HostError:
+        pass
 
 
 def _compile_sandbox() -> None:
@@ -249,8 +240,7 @@ def warm_up() -> HostFacts:
     """Import, read the host, set up the caches, then freeze the heap."""
     facts = HostFacts()
     import_all(facts.machine)
-    if facts.machine == "x86_64":
-        _cache_page_tables()
+    _keep_boot_tables(facts.machine)
     _compile_sandbox()
     gc.collect()
     gc.freeze()

@@ -12,9 +12,12 @@ from typing import TYPE_CHECKING
 
 from pyvmm._native import lib
 from pyvmm.arch.aarch64 import cpu, faults, mmu
+from pyvmm.arch.boottables import BootTables
 from pyvmm.kvm import Mmio
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from pyvmm.arch import ExitHandler
     from pyvmm.errors import GuestFault
     from pyvmm.kvm import System, Vcpu, VcpuExit, Vm
@@ -36,10 +39,22 @@ class Aarch64:
     # EL1, the guest's kernel level (as solo5-hvt runs it).
     modes = {"kernel": 1}
 
+    def __init__(self) -> None:
+        # One mode: the tables depend on the regions alone.
+        self._boot_tables = BootTables(lambda regions, mode: mmu.translation_tables(regions))
+
     def prepare_memory(
         self, memory: GuestMemory, regions: list[tuple[int, int, Protection]], mode: str
     ) -> None:
-        mmu.setup_memory(memory, regions)
+        mmu.setup_memory(memory, regions, self._boot_tables.get(regions, mode))
+
+    def keep_boot_tables(self, entries: int) -> None:
+        self._boot_tables.keep(entries)
+
+    def boot_tables(
+        self, regions: list[tuple[int, int, Protection]], mode: str
+    ) -> Mapping[int, bytes]:
+        return self._boot_tables.get(regions, mode)
 
     def setup_vcpu(
         self, system: System, vcpu: Vcpu, *, entry: int, stack: int, boot_info: int, mode: str

@@ -22,6 +22,7 @@ MMIO window, so the host reads ESR_EL1 and FAR_EL1 and says what happened
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 
 from pyvmm._native import lib
 from pyvmm.arch.tables import place_page_tables
@@ -175,8 +176,15 @@ def vectors() -> bytes:
     return b"".join(vector_entry(i) for i in range(VECTOR_ENTRIES))
 
 
-def setup_memory(memory: GuestMemory, regions: list[tuple[int, int, Protection]]) -> None:
-    """Write the translation tables and the vectors into guest memory."""
-    for gpa, table in translation_tables(regions).items():
+def setup_memory(
+    memory: GuestMemory,
+    regions: list[tuple[int, int, Protection]],
+    tables: Mapping[int, bytes] | None = None,
+) -> None:
+    """Write the translation tables (``tables``: already computed by
+    ``translation_tables``) and the vectors into guest memory."""
+    if tables is None:
+        tables = translation_tables(regions)
+    for gpa, table in tables.items():
         memory.write(gpa, table)
     memory.write(VECTORS, vectors())

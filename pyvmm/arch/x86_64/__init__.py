@@ -10,12 +10,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pyvmm._native import lib
+from pyvmm.arch.boottables import BootTables
 from pyvmm.arch.x86_64 import cpu, faults
 from pyvmm.arch.x86_64.boot import *  # noqa: F403  (the layout, for tests and docs)
-from pyvmm.arch.x86_64.boot import DEPRIVILEGED, PROFILES, setup_memory
+from pyvmm.arch.x86_64.boot import DEPRIVILEGED, PROFILES, mode_page_tables, setup_memory
 from pyvmm.kvm import IoOut
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from pyvmm.arch import ExitHandler
     from pyvmm.errors import GuestFault
     from pyvmm.kvm import System, Vcpu, VcpuExit, Vm
@@ -30,10 +33,21 @@ class X86_64:
     hypercall_exit = IoOut
     modes = {name: profile.cpl for name, profile in PROFILES.items()}
 
+    def __init__(self) -> None:
+        self._boot_tables = BootTables(mode_page_tables)
+
     def prepare_memory(
         self, memory: GuestMemory, regions: list[tuple[int, int, Protection]], mode: str
     ) -> None:
-        setup_memory(memory, regions, mode)
+        setup_memory(memory, regions, mode, tables=self._boot_tables.get(regions, mode))
+
+    def keep_boot_tables(self, entries: int) -> None:
+        self._boot_tables.keep(entries)
+
+    def boot_tables(
+        self, regions: list[tuple[int, int, Protection]], mode: str
+    ) -> Mapping[int, bytes]:
+        return self._boot_tables.get(regions, mode)
 
     def setup_vcpu(
         self, system: System, vcpu: Vcpu, *, entry: int, stack: int, boot_info: int, mode: str
