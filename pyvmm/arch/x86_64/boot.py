@@ -19,6 +19,7 @@ happened.
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 
 from pyvmm._native import lib
 from pyvmm.arch.tables import place_page_tables
@@ -290,14 +291,27 @@ def segments_for(cpl: int) -> tuple[Segment, ...]:
     return profile_for(cpl).segments
 
 
+def mode_page_tables(
+    regions: list[tuple[int, int, Protection]], cpl: int | str = 0
+) -> dict[int, bytes]:
+    """The page tables of a mode (a profile's name or CPL) over ``regions``."""
+    profile = profile_for(cpl)
+    return page_tables(regions, user=profile.cpl == 3, private=dict(profile.private))
+
+
 def setup_memory(
-    memory: GuestMemory, regions: list[tuple[int, int, Protection]], cpl: int | str = 0
+    memory: GuestMemory,
+    regions: list[tuple[int, int, Protection]],
+    cpl: int | str = 0,
+    tables: Mapping[int, bytes] | None = None,
 ) -> None:
-    """Write the GDT, page tables (and the TSS, trap tables where the mode
-    has them) into guest memory."""
+    """Write the GDT, page tables (``tables``: already computed by
+    ``mode_page_tables``) and the TSS, trap tables where the mode has them,
+    into guest memory."""
     profile = profile_for(cpl)
     memory.write(profile.gdt_base, gdt_bytes(profile.segments))
-    tables = page_tables(regions, user=profile.cpl == 3, private=dict(profile.private))
+    if tables is None:
+        tables = mode_page_tables(regions, cpl)
     for gpa, table in tables.items():
         memory.write(gpa, table)
     if profile.tss:
