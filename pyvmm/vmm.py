@@ -348,9 +348,8 @@ class Vmm:
             fast_path=self.fast_path,
             devices=[device for _, device in self.devices],
             kvm=self.kvm_stats.read() if self.kvm_stats is not None else None,
-            net_service=(
-                (self.services[0][1].key, self.services[0][1]) if self.services else None
-            ),
+            net_service=None,
+            services=[(service.key, service) for _, service in self.services],
         )
         snapshot["seconds"] = round(self.elapsed, 6)
         return snapshot
