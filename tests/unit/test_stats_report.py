@@ -168,3 +168,16 @@ def test_each_io_services_counters_under_its_key():
     probe = Service({"mode": "event", "thread": {}, "polls": 2})
     snap = report(None, [], net_service=("shmstream", shm), services=[("probe", probe)])
     assert snap["shmstream"] == shm.counted and snap["probe"] == probe.counted
+
+
+def test_a_write_solo5s_ring_could_not_send_is_one_of_pyvmms_drops():
+    from pyvmm.statsview import pyvmm_drops, summary
+
+    ring = {name: 0 for name in stats.NET_MEANING["solo5_ring"]} | {"write_failures": 2}
+    thread = {"wakeups": 0, "kicks": 0, "sleeps": 0, "busy_passes": 0, "idle_spins": 0}
+    snap = report(None, [net("service0", 0, 0)])
+    snap |= {"seconds": 1.0, "solo5_ring": {"mode": "event", "thread": thread | {"cpu_ns": 0}}}
+    snap["solo5_ring"]["ring"] = ring
+    assert pyvmm_drops(snap) == 2
+    lines = summary(snap).splitlines()
+    assert any(x.startswith("    dropped by pyvmm: 2 (refused by the tap);") for x in lines), lines
