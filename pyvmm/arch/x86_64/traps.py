@@ -30,7 +30,6 @@ from __future__ import annotations
 import struct
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pyvmm.arch.x86_64 import cpu
@@ -84,19 +83,23 @@ class Unsupported(GuestFault):
     """A privileged operation pyvmm does not emulate: the run ends."""
 
 
-@dataclass
 class Shadow:
     """The privileged state the guest believes it set (never loaded)."""
 
-    gdt_base: int = 0
-    gdt_limit: int = 0
-    idt_base: int = 0
-    idt_limit: int = 0  # 0: no IDT loaded yet
-    tr: int = 0
-    tss_base: int | None = None
-    cr2: int = 0
-    interrupts: bool = False
-    kernel_gs_base: int = 0
+    __slots__ = (
+        "gdt_base", "gdt_limit", "idt_base", "idt_limit", "tr", "tss_base", "cr2", "interrupts",
+        "kernel_gs_base",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.gdt_base = self.gdt_limit = 0
+        self.idt_base = 0
+        self.idt_limit = 0  # 0: no IDT loaded yet
+        self.tr = 0
+        self.tss_base: int | None = None
+        self.cr2 = 0
+        self.interrupts = False
+        self.kernel_gs_base = 0
 
 
 class Frame:
