@@ -43,7 +43,14 @@ enum hvt_hypercall {
     HVT_HYPERCALL_NET_READ = 7,
     HVT_HYPERCALL_HALT = 8
 };
-#define HVT_HYPERCALL_MAX 8
+/*
+ * Reserved for pyvmm's own tests (testkit/devkind: a test-only device
+ * kind): no Solo5 guest makes it, and pyvmm answers it only in a test
+ * process that registered that kind; anywhere else it is an unknown
+ * hypercall, which ends the run as any unexpected exit does.
+ */
+#define HVT_HYPERCALL_PYVMM_TEST 9
+#define HVT_HYPERCALL_MAX 9
 
 /* The Ethernet header: a net device's largest frame is its MTU plus this
  * (net_write refuses longer ones, and shorter than this is no frame). */
@@ -127,6 +134,16 @@ struct hvt_hc_halt {
     int32_t exit_status;
 };
 
+/* HVT_HYPERCALL_PYVMM_TEST (tests only): the IO thread's answer to value. */
+struct hvt_hc_pyvmm_test {
+    /* IN */
+    uint64_t handle;
+    uint64_t value;
+    /* OUT */
+    uint64_t answer;
+    int32_t ret;
+};
+
 /* The application manifest (MFT1 note descriptor). */
 #define MFT_VERSION 1
 #define MFT_MAX_ENTRIES 64
@@ -136,6 +153,8 @@ struct hvt_hc_halt {
 enum mft_type {
     MFT_DEV_BLOCK_BASIC = 1,
     MFT_DEV_NET_BASIC = 2,
+    /* Reserved for pyvmm's tests (the test-only device kind, testkit/devkind). */
+    MFT_DEV_PYVMM_TEST = 1073741808,
     MFT_RESERVED_FIRST = 1073741824
 };
 

@@ -31,6 +31,8 @@ class DeviceType(IntEnum):
 
     BLOCK = lib.MFT_DEV_BLOCK_BASIC
     NET = lib.MFT_DEV_NET_BASIC
+    #: Reserved for pyvmm's tests (the test-only device kind, testkit/devkind).
+    PYVMM_TEST = lib.MFT_DEV_PYVMM_TEST
     RESERVED_FIRST = lib.MFT_RESERVED_FIRST
 
     @property
@@ -38,6 +40,7 @@ class DeviceType(IntEnum):
         return {
             DeviceType.BLOCK: "block",
             DeviceType.NET: "net",
+            DeviceType.PYVMM_TEST: "pyvmm-test",
             DeviceType.RESERVED_FIRST: "reserved-first",
         }[self]
 
@@ -47,6 +50,7 @@ class DeviceType(IntEnum):
         return {
             DeviceType.BLOCK: "BLOCK_BASIC",
             DeviceType.NET: "NET_BASIC",
+            DeviceType.PYVMM_TEST: "PYVMM_TEST",
             DeviceType.RESERVED_FIRST: "RESERVED_FIRST",
         }[self]
 
@@ -66,6 +70,7 @@ class NetAttachment(Record):
     """What the guest learns about an attached network device."""
 
     __slots__ = ("mac", "mtu")
+    type = DeviceType.NET
 
     def __init__(self, mac: bytes, mtu: int) -> None:
         if len(mac) != 6:
@@ -80,6 +85,7 @@ class BlockAttachment(Record):
     """What the guest learns about an attached block device."""
 
     __slots__ = ("capacity", "block_size")
+    type = DeviceType.BLOCK
 
     def __init__(self, capacity: int, block_size: int) -> None:
         if not 0 <= capacity < 1 << 64:
@@ -90,7 +96,17 @@ class BlockAttachment(Record):
         self.block_size = block_size
 
 
-Attachment = NetAttachment | BlockAttachment
+class BareAttachment(Record):
+    """An attached device of a type whose entry says nothing more (the
+    test-only kind's): its union stays zero."""
+
+    __slots__ = ("type",)
+
+    def __init__(self, type: DeviceType) -> None:
+        self.type = type
+
+
+Attachment = NetAttachment | BlockAttachment | BareAttachment
 
 
 def _shown(name: bytes) -> str:
@@ -154,7 +170,7 @@ class Manifest(Record):
                 continue
             if e.type == DeviceType.RESERVED_FIRST:
                 raise invalid(f"entry {i} has type reserved-first, allowed only at entry 0")
-            if e.type not in (DeviceType.BLOCK, DeviceType.NET):
+            if e.type not in (DeviceType.BLOCK, DeviceType.NET, DeviceType.PYVMM_TEST):
                 raise invalid(f"entry {i} has unknown type {e.type:#x}")
             if not name:
                 raise invalid(f"entry {i} has an empty name")
@@ -220,12 +236,7 @@ class Manifest(Record):
 
     def check_attachments(self, attachments: Mapping[str, Attachment]) -> None:
         """``check_devices`` for devices already attached."""
-        self.check_devices(
-            {
-                name: DeviceType.NET if isinstance(att, NetAttachment) else DeviceType.BLOCK
-                for name, att in attachments.items()
-            }
-        )
+        self.check_devices({name: att.type for name, att in attachments.items()})
 
     def guest_copy(self, attachments: Mapping[str, Attachment]) -> bytes:
         """The filled-in ``struct mft`` the guest reads through boot info.
@@ -252,7 +263,7 @@ class Manifest(Record):
             if isinstance(att, NetAttachment):
                 ffi.memmove(e.u.net_basic.mac, att.mac, len(att.mac))
                 e.u.net_basic.mtu = att.mtu
-            else:
+            elif isinstance(att, BlockAttachment):
                 e.u.block_basic.capacity = att.capacity
                 e.u.block_basic.block_size = att.block_size
             e.b = 0
