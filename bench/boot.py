@@ -16,8 +16,11 @@ adds a row running PATH on the same kernel (solo5-hvt runs pyvmm's own
 guests as well as Solo5's): how far pyvmm's start is from a C tender's.
 ``--checkout NAME=DIR`` adds rows running another copy of pyvmm (DIR holds
 its ``pyvmm`` package with the extension built, such as ``git archive`` of
-an older commit plus a copy of pyvmm/_native.abi3.so) as ``python3 -m
-pyvmm``, with DIR first on sys.path, to compare before and after. The
+an older commit plus a copy of pyvmm/_native.abi3.so) to compare before
+and after: through its own launcher (DIR/pyvmm/_launcher, when it was
+built: the same start as this checkout's ``pyvmm`` rows, whatever PYTHON*
+variables this process has) and as ``python3 -m pyvmm`` with DIR first on
+sys.path. The
 "python3 -I -S -c pass" row is the floor any tender written in Python
 pays to start.
 
@@ -83,6 +86,10 @@ def rows(
     ]
     out = [(label, argv, None) for label, argv in out]
     for label, directory in checkouts:
+        launcher = Path(directory) / "pyvmm" / "_launcher"
+        if launcher.exists():
+            out.append((f"{label}: pyvmm --version", [str(launcher), "--version"], None))
+            out.append((f"{label}: pyvmm {name}", [str(launcher), str(kernel)], None))
         env = dict(os.environ, PYTHONPATH=directory)
         out.append((f"{label}: python3 -m pyvmm --version", py + ["-m", "pyvmm", "--version"], env))
         out.append((f"{label}: python3 -m pyvmm {name}", py + ["-m", "pyvmm", str(kernel)], env))
