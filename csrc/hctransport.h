@@ -9,8 +9,8 @@
  *   aarch64  one 32-bit store of the argument's GPA to
  *            HVT_HYPERCALL_MMIO_BASE + (n << 3)
  *
- * A hypercall's number n is 1..HVT_HYPERCALL_MAX; the GPA is the value
- * written.  Both transports are compiled on every machine (they are only
+ * A hypercall's number n is 1..HVT_HYPERCALL_MAX, or the one reserved for
+ * pyvmm's tests (HVT_HYPERCALL_PYVMM_TEST); the GPA is the value written.  Both transports are compiled on every machine (they are only
  * arithmetic on an exit's fields), so each is checked on any host.  Read
  * by cffi.
  */

@@ -43,14 +43,14 @@ enum hvt_hypercall {
     HVT_HYPERCALL_NET_READ = 7,
     HVT_HYPERCALL_HALT = 8
 };
+#define HVT_HYPERCALL_MAX 8
 /*
  * Reserved for pyvmm's own tests (testkit/devkind: a test-only device
- * kind): no Solo5 guest makes it, and pyvmm answers it only in a test
- * process that registered that kind; anywhere else it is an unknown
- * hypercall, which ends the run as any unexpected exit does.
+ * kind), outside Solo5's 1..HVT_HYPERCALL_MAX: no Solo5 guest makes it,
+ * and pyvmm answers it only in a test process that registered that kind;
+ * anywhere else it is an unknown hypercall, which ends the run.
  */
-#define HVT_HYPERCALL_PYVMM_TEST 9
-#define HVT_HYPERCALL_MAX 9
+#define HVT_HYPERCALL_PYVMM_TEST 15
 
 /* The Ethernet header: a net device's largest frame is its MTU plus this
  * (net_write refuses longer ones, and shorter than this is no frame). */
