@@ -38,7 +38,7 @@ from pyvmm.kvm import Interrupted, IoOut, Mmio, System, VcpuExit
 from pyvmm.kvm.exits import Debug
 from pyvmm.kvm.stats import KvmStats
 from pyvmm.kvm.system import kvm_flavour
-from pyvmm.loader import load_kernel, page_protections, place
+from pyvmm.loader import load_kernel, page_regions, place
 from pyvmm.memory import GuestMemory
 from pyvmm.plan import Plan, make_plan
 from pyvmm.record import replace
@@ -138,10 +138,7 @@ class Vmm:
         if self.restoring is not None:  # the snapshot's memory in place of a boot's
             self.restoring.load_memory(memory, kernel)
         else:
-            regions = [
-                (r.start, r.start + r.length, r.protection) for r in page_protections(kernel)
-            ]
-            plan.arch.prepare_memory(memory, regions, plan.mode)
+            plan.arch.prepare_memory(memory, page_regions(kernel), plan.mode)
             place(kernel, memory)
         trace.mark("page tables, ELF segments placed")
         if traced:
