@@ -21,8 +21,8 @@ KIT = Path(__file__).resolve().parent
 ROOT = KIT.parent
 PRODUCT_C = ROOT / "csrc"
 KIT_C = KIT / "csrc"
-HEADERS = ("shm_testing.h", "traffic.h")
-SOURCES = ("shm_testing.c", "traffic.c")
+HEADERS = ("shm_testing.h", "traffic.h", "devkind.h")
+SOURCES = ("shm_testing.c", "traffic.c", "devkind.c")
 MODULE = "testkit._kit"
 
 

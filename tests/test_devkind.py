@@ -1,0 +1,148 @@
+"""A device kind plugs in at the device seam alone: the test-only kind
+(testkit/devkind), registered for one process, gets its option, its
+manifest type, its hypercall, its IO service in the native IO thread (the
+ops table) and its counter in --stats-json, with no line of the core
+naming it. Unregistered, pyvmm knows nothing of it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = [pytest.mark.kvm]
+
+GUEST_SRC = ROOT / "guests"
+
+# Asks twice (14 -> 43, 100 -> 301: the IO thread's answer is 3v+1), then a
+# handle that is no test device (EINVAL), then SUCCESS.
+PROBE_C = r"""
+#include "rt.h"
+#include "hypercall.h"
+
+GUEST_MANIFEST({ .name = "probe", .type = MFT_DEV_PYVMM_TEST });
+
+static int ask(uint64_t handle, uint64_t value, uint64_t *answer)
+{
+    volatile struct hvt_hc_pyvmm_test arg = { .handle = handle, .value = value };
+    hvt_hypercall(HVT_HYPERCALL_PYVMM_TEST, &arg);
+    *answer = arg.answer;
+    return arg.ret;
+}
+
+int solo5_app_main(const struct solo5_start_info *si)
+{
+    (void)si;
+    uint64_t answer;
+    if (ask(1, 14, &answer) != HVT_RET_OK || answer != 43 ||
+        ask(1, 100, &answer) != HVT_RET_OK || answer != 301) {
+        rt_puts("FAILURE: answer\n");
+        return SOLO5_EXIT_FAILURE;
+    }
+    if (ask(7, 1, &answer) != HVT_RET_EINVAL) {
+        rt_puts("FAILURE: unknown handle answered\n");
+        return SOLO5_EXIT_FAILURE;
+    }
+    rt_puts("SUCCESS\n");
+    return SOLO5_EXIT_SUCCESS;
+}
+"""
+
+# The pyvmm command in a process of its own, the test kind registered first
+# (only code can register a kind: no option or variable loads one).
+RUN = """
+import sys
+from testkit.devkind import registered
+with registered():
+    from pyvmm.cli import main
+    status = main(sys.argv[1:])
+sys.exit(status)
+"""
+
+
+def make_var(name: str) -> list[str]:
+    """A variable of guests/Makefile, so this guest builds as the others do."""
+    out = subprocess.run(
+        ["make", "-s", "--no-print-directory", "--eval", "print-%: ; @echo $($*)", f"print-{name}"],
+        cwd=GUEST_SRC,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.split()
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("probe")
+    (out / "probe.c").write_text(PROBE_C)
+    cflags = [f for f in make_var("CFLAGS") if f not in ("-MMD", "-MP")]
+    objects = make_var("ALWAYS_OBJS") + make_var("LIB")
+    if not all((GUEST_SRC / o).exists() for o in objects):
+        pytest.fail("the guest runtime is not built: run 'make -C guests' first")
+    subprocess.run(
+        ["gcc", *cflags, "-c", "-o", out / "probe.o", out / "probe.c"], cwd=GUEST_SRC, check=True
+    )
+    subprocess.run(
+        ["gcc", *make_var("LDFLAGS"), "-o", out / "probe.hvt", *objects[:-1], out / "probe.o"]
+        + make_var("LIB")
+        + make_var("LDLIBS"),
+        cwd=GUEST_SRC,
+        check=True,
+    )
+    return out / "probe.hvt"
+
+
+def pyvmm(*args: str, registered: bool = True) -> subprocess.CompletedProcess:
+    code = RUN if registered else "import sys\nfrom pyvmm.cli import main\nsys.exit(main())"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_test_kind_answers_its_hypercall_through_its_io_service(probe, tmp_path):
+    stats = tmp_path / "stats.json"
+    result = pyvmm("--mem=8", f"--stats-json={stats}", "--pyvmm-test:probe=one", str(probe))
+    assert result.returncode == 0, result.stderr
+    assert "SUCCESS" in result.stdout
+    assert "Traceback" not in result.stderr
+    snapshot = json.loads(stats.read_text().splitlines()[-1])
+    service = snapshot["pyvmm_test"]
+    assert service["answered"] == 2  # counted by the IO thread, in C
+    assert service["thread"]["wakeups"] >= 2  # each request woke it (event mode)
+    assert snapshot["devices"]["probe"]["answered"] == 2
+
+
+def test_its_option_shows_in_help_only_while_registered():
+    assert "--pyvmm-test:NAME=LABEL" in pyvmm("--help").stdout
+    assert "--pyvmm-test" not in pyvmm("--help", registered=False).stdout
+
+
+def test_unregistered_its_option_and_its_device_are_refused_in_one_line(probe):
+    result = pyvmm("--pyvmm-test:probe=one", str(probe), registered=False)
+    assert result.returncode == 1
+    assert result.stderr.startswith("pyvmm: Invalid option: `--pyvmm-test:probe=one'")
+    result = pyvmm("--mem=8", str(probe), registered=False)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"pyvmm: Device 'probe' of type PYVMM_TEST declared but not attached. All declared "
+        f"devices must be attached ({probe}: --pyvmm-test:probe=...)"
+    ]
+
+
+def test_a_registered_kind_is_removed_again():
+    from pyvmm.devices import kinds
+    from testkit.devkind import PROBE, registered
+
+    with registered():
+        assert PROBE in kinds()
+    assert PROBE not in kinds()
