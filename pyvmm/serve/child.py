@@ -35,7 +35,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from pyvmm import stopping
@@ -51,29 +50,49 @@ PR_SET_PDEATHSIG = 1
 MAX_GO_FDS = 2
 
 
-@dataclass
 class ChildSpec:
-    """Everything the child needs, prepared by the launcher before the fork."""
+    """Everything the child needs, prepared by the launcher before the fork.
 
-    config: VmConfig
-    plan: Plan
-    log_level: str
-    #: Log lines the plan produced in the launcher ("adjusting memory ..."),
-    #: written to the child's stderr first.
-    notes: list[str] = field(default_factory=list)
-    #: Console files by path (opened by the child), or passed fds.
-    stdout_path: str | None = None
-    stderr_path: str | None = None
-    fds: list[int] = field(default_factory=list)
-    #: The client's directory: relative paths in its options are its own.
-    cwd: str | None = None
-    #: Prepared ahead for a pool (server.py): set up to the first
-    #: instruction, then wait for b"go" with the console (fds, paths).
-    pooled: bool = False
-    #: --trace: None (off), "" (stderr) or the JSON file; its timeline
-    #: starts at the request's first byte (CLOCK_MONOTONIC ns, ``arrived_ns``).
-    trace: str | None = None
-    arrived_ns: int = 0
+    ``notes``: log lines the plan produced in the launcher ("adjusting
+    memory ..."), written to the child's stderr first; ``stdout_path``,
+    ``stderr_path``, ``fds``: the console, files by path (opened by the
+    child) or passed fds; ``cwd``: the client's directory (relative paths in
+    its options are its own); ``pooled``: prepared ahead for a pool
+    (server.py), set up to the first instruction, then waiting for b"go"
+    with the console; ``trace``: --trace, None (off), "" (stderr) or the
+    JSON file, its timeline from the request's first byte (``arrived_ns``,
+    CLOCK_MONOTONIC)."""
+
+    __slots__ = (
+        "config", "plan", "log_level", "notes", "stdout_path", "stderr_path", "fds", "cwd",
+        "pooled", "trace", "arrived_ns",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        config: VmConfig,
+        plan: Plan,
+        log_level: str,
+        notes: list[str] | None = None,
+        stdout_path: str | None = None,
+        stderr_path: str | None = None,
+        fds: list[int] | None = None,
+        cwd: str | None = None,
+        pooled: bool = False,
+        trace: str | None = None,
+        arrived_ns: int = 0,
+    ) -> None:
+        self.config = config
+        self.plan = plan
+        self.log_level = log_level
+        self.notes = [] if notes is None else notes
+        self.stdout_path = stdout_path
+        self.stderr_path = stderr_path
+        self.fds = [] if fds is None else fds
+        self.cwd = cwd
+        self.pooled = pooled
+        self.trace = trace
+        self.arrived_ns = arrived_ns
 
 
 def _send(fd: int, message: dict[str, Any]) -> None:

@@ -18,7 +18,6 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from pyvmm import cli, stopping
@@ -36,40 +35,55 @@ MAX_FDS = 2
 MAX_PATH = 4095
 
 
-@dataclass
 class Vm:
     """One VM the launcher started: its process and what is known of it."""
 
-    id: str
-    pid: int
-    pidfd: int
-    channel: socket.socket
-    argv: list[str]
-    kernel: str
-    arrived_ns: int
-    state: str = "starting"  # -> running -> exited
-    exit_status: int | None = None
-    signal: str | None = None
-    error: str | None = None
-    #: Start-up times (CLOCK_MONOTONIC ns) the child reported.
-    times: dict[str, int] = field(default_factory=dict)
-    #: CPU time spent starting it: the launcher's (parse, plan, fork) and
-    #: the child's (until its first KVM_RUN), ns; unlike wall time, it does
-    #: not grow with the host's load.
-    cpu_ns: dict[str, int] = field(default_factory=dict)
-    final: dict[str, Any] | None = None
-    imported_after_fork: list[str] = field(default_factory=list)
-    #: Whether a failed create already reported it (then it is not listed).
-    listed: bool = True
-    #: The pool it was prepared for (server.Pool's key), until it starts.
-    pool: tuple | None = None
-    #: Prepared ahead of its request (a pool's).
-    pooled: bool = False
-    #: The pool to refill once this pooled VM has started.
-    refill: tuple | None = None
-    #: Its stderr copied to the launcher's log, named (relay.py), if it has
-    #: no console of its own.
-    relay: StderrRelay | None = None
+    __slots__ = (
+        "id", "pid", "pidfd", "channel", "argv", "kernel", "arrived_ns", "state",
+        "exit_status", "signal", "error", "times", "cpu_ns", "final", "imported_after_fork",
+        "listed", "pool", "pooled", "refill", "relay",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        id: str,
+        pid: int,
+        pidfd: int,
+        channel: socket.socket,
+        argv: list[str],
+        kernel: str,
+        arrived_ns: int,
+    ) -> None:
+        self.id = id
+        self.pid = pid
+        self.pidfd = pidfd
+        self.channel = channel
+        self.argv = argv
+        self.kernel = kernel
+        self.arrived_ns = arrived_ns
+        self.state = "starting"  # -> running -> exited
+        self.exit_status: int | None = None
+        self.signal: str | None = None
+        self.error: str | None = None
+        #: Start-up times (CLOCK_MONOTONIC ns) the child reported.
+        self.times: dict[str, int] = {}
+        #: CPU time spent starting it: the launcher's (parse, plan, fork)
+        #: and the child's (until its first KVM_RUN), ns; unlike wall time,
+        #: it does not grow with the host's load.
+        self.cpu_ns: dict[str, int] = {}
+        self.final: dict[str, Any] | None = None
+        self.imported_after_fork: list[str] = []
+        #: Whether a failed create already reported it (then it is not listed).
+        self.listed = True
+        #: The pool it was prepared for (server.Pool's key), until it starts.
+        self.pool: tuple | None = None
+        #: Prepared ahead of its request (a pool's).
+        self.pooled = False
+        #: The pool to refill once this pooled VM has started.
+        self.refill: tuple | None = None
+        #: Its stderr copied to the launcher's log, named (relay.py), if it
+        #: has no console of its own.
+        self.relay: StderrRelay | None = None
 
     @property
     def start_latency_us(self) -> float | None:
@@ -156,12 +170,17 @@ def optional_path(body: dict[str, Any], key: str) -> str | None:
 KNOWN_KEYS = {"argv", "id", "cwd", "stdout", "stderr", "wait"}
 
 
-@dataclass
 class Prepared:
-    spec: child.ChildSpec
-    argv: list[str]
-    id: str | None
-    cwd: str | None
+    """A create request made ready to fork: what the child runs, and the
+    request's own words."""
+
+    __slots__ = ("spec", "argv", "id", "cwd")
+
+    def __init__(self, spec: child.ChildSpec, argv: list[str], id: str | None, cwd: str | None):
+        self.spec = spec
+        self.argv = argv
+        self.id = id
+        self.cwd = cwd
 
 
 def pool_key(body: dict[str, Any]) -> tuple[tuple[str, ...], str | None]:
