@@ -33,12 +33,15 @@ class MutableRecord:
     __slots__ = ("__weakref__",)
     _uncompared: tuple[str, ...] = ()
 
-    @classmethod
-    def _compared(cls) -> tuple[str, ...]:
-        return tuple(name for name in cls.__slots__ if name not in cls._uncompared)
+    #: The fields that make the value: ``__slots__`` less ``_uncompared``.
+    _compared: tuple[str, ...] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._compared = tuple(name for name in cls.__slots__ if name not in cls._uncompared)
 
     def _values(self) -> tuple:
-        return tuple(getattr(self, name) for name in self._compared())
+        return tuple(getattr(self, name) for name in self._compared)
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
@@ -48,7 +51,7 @@ class MutableRecord:
     __hash__ = None  # type: ignore[assignment]  (its fields may change)
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._compared())
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._compared)
         return f"{type(self).__name__}({shown})"
 
     def replace(self: R, **changes: Any) -> R:
