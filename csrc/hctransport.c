@@ -2,12 +2,17 @@
 #include "hctransport.h"
 #include "hvt_abi.h"
 
+/* The slots: 0, Solo5's hypercalls and the one reserved for tests. */
+static int is_slot(uint64_t n)
+{
+    return n <= HVT_HYPERCALL_MAX || n == HVT_HYPERCALL_PYVMM_TEST;
+}
+
 int32_t pyvmm_hypercall_pio_slot(uint32_t size, uint32_t count, uint32_t port)
 {
     /* `rep outsl` exits with count > 1: a string of values, no hypercall. */
     if (size != 4 || count != 1 || port < HVT_HYPERCALL_PIO_BASE ||
-        (port - HVT_HYPERCALL_PIO_BASE > HVT_HYPERCALL_MAX &&
-         port - HVT_HYPERCALL_PIO_BASE != HVT_HYPERCALL_PYVMM_TEST))
+        !is_slot(port - HVT_HYPERCALL_PIO_BASE))
         return -1;
     return (int32_t)(port - HVT_HYPERCALL_PIO_BASE);
 }
@@ -26,7 +31,7 @@ int32_t pyvmm_hypercall_mmio_slot(uint32_t len, uint64_t addr)
     if (len != 4 || addr < HVT_HYPERCALL_MMIO_BASE)
         return -1;
     off = addr - HVT_HYPERCALL_MMIO_BASE;
-    if (off & 7 || ((off >> 3) > HVT_HYPERCALL_MAX && (off >> 3) != HVT_HYPERCALL_PYVMM_TEST))
+    if (off & 7 || !is_slot(off >> 3))
         return -1;
     return (int32_t)(off >> 3);
 }

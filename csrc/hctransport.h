@@ -10,9 +10,9 @@
  *            HVT_HYPERCALL_MMIO_BASE + (n << 3)
  *
  * A hypercall's number n is 1..HVT_HYPERCALL_MAX, or the one reserved for
- * pyvmm's tests (HVT_HYPERCALL_PYVMM_TEST); the GPA is the value written.  Both transports are compiled on every machine (they are only
- * arithmetic on an exit's fields), so each is checked on any host.  Read
- * by cffi.
+ * pyvmm's tests (HVT_HYPERCALL_PYVMM_TEST); the GPA is the value written.
+ * Both transports are compiled on every machine (they are only arithmetic
+ * on an exit's fields), so each is checked on any host.  Read by cffi.
  */
 #ifndef PYVMM_HCTRANSPORT_H
 #define PYVMM_HCTRANSPORT_H
@@ -22,11 +22,12 @@
 /*
  * The hypercall slot a port write (size bytes, count elements, to port)
  * is aimed at: n when it has the transport's shape and port is
- * HVT_HYPERCALL_PIO_BASE + n with n in 0..HVT_HYPERCALL_MAX, -1 for every
- * other write.  Slot 0 is no hypercall: a guest error named by its number.
+ * HVT_HYPERCALL_PIO_BASE + n with n 0 or a hypercall's number, -1 for
+ * every other write.  Slot 0 is no hypercall: a guest error named by its
+ * number.
  */
 int32_t pyvmm_hypercall_pio_slot(uint32_t size, uint32_t count, uint32_t port);
-/* The hypercall number a port write carries (its slot, 1..MAX), 0 if none. */
+/* The hypercall number a port write carries (its slot, not 0), 0 if none. */
 uint32_t pyvmm_hypercall_pio(uint32_t size, uint32_t count, uint32_t port);
 
 /* The same for an MMIO store of len bytes to addr (aarch64). */

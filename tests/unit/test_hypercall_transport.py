@@ -1,7 +1,8 @@
 """Which exit is an hvt hypercall is decoded once, in C (csrc/hctransport.h),
 for the fast path and for Python's Arch.hypercall alike: one 4-byte `outl`
 to port 0x500 + n on x86_64, one 32-bit store to the MMIO window + 8n on
-aarch64, n in 1..HVT_HYPERCALL_MAX. A string write (`rep outsl`, KVM's
+aarch64, n in 1..HVT_HYPERCALL_MAX or the number reserved for pyvmm's
+tests. A string write (`rep outsl`, KVM's
 count > 1), another width or another number is no hypercall, and the
 fault line for a write to the hypercall ports names the number only when
 the write had the transport's shape."""
@@ -56,6 +57,8 @@ def test_an_mmio_exit_is_no_x86_hypercall_and_a_port_write_no_aarch64_one():
         ((4, 1, PIO + 3), 3),
         ((4, 1, PIO + MAX), MAX),
         ((4, 1, PIO + MAX + 1), -1),
+        ((4, 1, PIO + lib.HVT_HYPERCALL_PYVMM_TEST - 1), -1),
+        ((4, 1, PIO + lib.HVT_HYPERCALL_PYVMM_TEST), lib.HVT_HYPERCALL_PYVMM_TEST),
         ((4, 2, PIO + 3), -1),
         ((2, 1, PIO + 3), -1),
         ((4, 1, PIO - 1), -1),
@@ -75,6 +78,7 @@ def test_the_hypercall_slot_of_a_port_write(args, slot):
         ((True, 4, MMIO + 8 * MAX), MAX),
         ((True, 4, MMIO), 0),
         ((True, 4, MMIO + 8 * (MAX + 1)), 0),
+        ((True, 4, MMIO + 8 * lib.HVT_HYPERCALL_PYVMM_TEST), lib.HVT_HYPERCALL_PYVMM_TEST),
         ((True, 4, MMIO + 8 * 2 + 4), 0),
         ((True, 8, MMIO + 8 * 2), 0),
         ((False, 4, MMIO + 8 * 2), 0),
