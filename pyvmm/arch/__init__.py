@@ -7,7 +7,9 @@ carries a hypercall or a doorbell, and how a fault is explained. An
 architecture is a module under ``pyvmm/arch/`` exposing ``ARCH``;
 ``host_arch()`` picks the host's, imported lazily so that a start imports
 one architecture only. The C side keeps the same split: the exit decoding
-and the hypercall transport are per architecture (csrc/), the rest shared.
+is per architecture (csrc/arch_<machine>.c), the rest shared; which exit
+is a hypercall is decided once, in C (csrc/hctransport.h), for the fast
+path and for ``Arch.hypercall`` alike.
 """
 
 from __future__ import annotations
@@ -83,7 +85,8 @@ class Arch(Protocol):
         """The guest's cycle counter frequency in Hz (boot info)."""
 
     def hypercall(self, exit: VcpuExit) -> tuple[int, int] | None:
-        """(hypercall number, argument GPA) if this exit is a hypercall."""
+        """(hypercall number, argument GPA) if this exit is a hypercall, as
+        csrc/hctransport.h decodes it (the C fast path's answer too)."""
 
     def add_doorbell(self, vm: Vm, eventfd: int, doorbell: int) -> None:
         """Let the guest's notification ``doorbell`` signal ``eventfd``
