@@ -10,14 +10,13 @@ Layout and protocol: csrc/shmstream.h, docs/abi.md, docs/modes.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
 from pyvmm._native import ffi, lib
 from pyvmm.devices.net.device import NetDevice
 from pyvmm.errors import UsageError
 from pyvmm.iothread import IoConfig, IoService
 from pyvmm.log import log
 from pyvmm.memory import MIB, PAGE_SIZE, GuestMemory
+from pyvmm.record import Record
 
 REGION_ALIGN = 2 * MIB
 MAX_FRAME = lib.SHM_SLOT_DATA
@@ -29,15 +28,19 @@ def _page_align(value: int) -> int:
     return -(-value // PAGE_SIZE) * PAGE_SIZE
 
 
-@dataclass(frozen=True)
-class ShmLayout:
+class ShmLayout(Record):
     """Where the region and each device's rings live (guest addresses)."""
 
-    gpa: int
-    size: int
-    slots: int
-    ring_size: int
-    handles: tuple[int, ...]
+    __slots__ = ("gpa", "size", "slots", "ring_size", "handles")
+
+    def __init__(
+        self, gpa: int, size: int, slots: int, ring_size: int, handles: tuple[int, ...]
+    ) -> None:
+        self.gpa = gpa
+        self.size = size
+        self.slots = slots
+        self.ring_size = ring_size
+        self.handles = handles
 
     @staticmethod
     def auto_slots(mem_size: int, ndevices: int) -> int:
@@ -91,7 +94,7 @@ class ShmLayout:
                 )
         if fits == self.handles:
             return self
-        return replace(self, handles=fits) if fits else None
+        return self.replace(handles=fits) if fits else None
 
     def rings(self, i: int) -> tuple[int, int]:
         """GPAs of device i's RX and TX rings."""
