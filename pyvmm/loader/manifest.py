@@ -50,7 +50,7 @@ class DeviceType(IntEnum):
         return {
             DeviceType.BLOCK: "BLOCK_BASIC",
             DeviceType.NET: "NET_BASIC",
-            DeviceType.PYVMM_TEST: "PYVMM_TEST",
+            DeviceType.PYVMM_TEST: DeviceType.PYVMM_TEST.name,  # no Solo5 name: its own
             DeviceType.RESERVED_FIRST: "RESERVED_FIRST",
         }[self]
 
