@@ -88,6 +88,7 @@ def test_aarch64_keeps_its_translation_tables_the_same_way():
     kept = arch.boot_tables(REGIONS, "kernel")
     assert arch.boot_tables(REGIONS, "kernel") is kept
     assert dict(kept) == mmu.translation_tables(REGIONS)
+    assert _written(arch, "kernel") == _written(Aarch64(), "kernel")
 
 
 # In a child: gc.freeze and the imports are for good.
