@@ -1,4 +1,4 @@
-"""Read-only value records for the start path, without dataclasses.
+"""Value records for the start path, without dataclasses.
 
 A record class lists its fields in ``__slots__`` and writes its own
 ``__init__`` (plain assignments, in the field order). This base gives it,
