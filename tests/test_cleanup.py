@@ -65,14 +65,18 @@ CASES = {
     # A net guest served by the IO thread through shmstream rings.
     "shmstream": lambda shm: (
         VmConfig(
-            kernel=str(guest("hostile")), guest_args=["200"], devices={"net": nets()}, shm=shm
+            kernel=str(guest("hostile")),
+            guest_args=["200"],
+            devices={"net": nets(), "shm": {None: shm}},
         ),
         1 if shm == "off" else 0,  # with --shm=off it finds no ring to attack
     ),
     # A net guest whose IO thread serves Solo5's ring (none with --shm=off).
     "solo5-ring": lambda shm: (
         VmConfig(
-            kernel=str(guest("hostile_s5")), guest_args=["200"], devices={"net": nets()}, shm=shm
+            kernel=str(guest("hostile_s5")),
+            guest_args=["200"],
+            devices={"net": nets(), "shm": {None: shm}},
         ),
         1 if shm == "off" else 0,
     ),
@@ -80,7 +84,9 @@ CASES = {
     # (--user names nobody): nothing acquired so far may stay behind.
     "fails-after-tap": lambda shm: (
         VmConfig(
-            kernel=str(guest("ping")), devices={"net": nets()}, shm=shm, user="pyvmm-no-such-user"
+            kernel=str(guest("ping")),
+            devices={"net": nets(), "shm": {None: shm}},
+            user="pyvmm-no-such-user",
         ),
         "no user named",
     ),
@@ -219,7 +225,7 @@ def test_a_stop_signal_while_console_output_blocks_releases_everything():
 
 @pytest.mark.parametrize("shm", MODES)
 def test_a_stop_signal_while_polling_releases_everything(shm):
-    config = VmConfig(kernel=str(guest("ping")), devices={"net": nets()}, shm=shm)
+    config = VmConfig(kernel=str(guest("ping")), devices={"net": nets(), "shm": {None: shm}})
     with NetNamespace() as ns:
         ns.add_tap("tap100", address="10.0.0.1/24")
         run_stopped(ns, config, after(0.2))  # warm-up
@@ -235,7 +241,7 @@ def test_a_tap_deleted_under_a_running_guest_leaves_nothing_behind(shm):
     """The link is gone: the hypercall path answers EUNSPEC (ping then ends
     with 1 by itself), the IO thread finds nothing to move and the guest runs
     on without network until stopped; either way every fd and thread goes."""
-    config = VmConfig(kernel=str(guest("ping")), devices={"net": nets()}, shm=shm)
+    config = VmConfig(kernel=str(guest("ping")), devices={"net": nets(), "shm": {None: shm}})
     with NetNamespace() as ns:
         ns.add_tap("tap100", address="10.0.0.1/24")
         run_stopped(ns, config, after(0.1))  # warm-up
