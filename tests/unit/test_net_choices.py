@@ -39,8 +39,12 @@ def test_solo5_ring_offered_as_solo5_hvt_does(solo5_guest):
     config = VmConfig(kernel="k")
     assert choose_solo5_ring(config, solo5_guest, True, "off")
     assert not choose_solo5_ring(config, solo5_guest, False, "off")
-    assert not choose_solo5_ring(VmConfig(kernel="k", devices={"no-net-ring": {None: True}}), solo5_guest, True, "off")
-    assert not choose_solo5_ring(VmConfig(kernel="k", devices={"shm": {None: "off"}}), solo5_guest, True, "off")
+    assert not choose_solo5_ring(
+        VmConfig(kernel="k", devices={"no-net-ring": {None: True}}), solo5_guest, True, "off"
+    )
+    assert not choose_solo5_ring(
+        VmConfig(kernel="k", devices={"shm": {None: "off"}}), solo5_guest, True, "off"
+    )
     assert not choose_solo5_ring(config, solo5_guest, True, "event")  # shmstream instead
 
 
@@ -51,7 +55,9 @@ def test_legacy_abi_guest_gets_no_ring(shm_guest, solo5_guest):
     assert choose_shm(None, old_shm, True) == "off"
     assert not choose_solo5_ring(VmConfig(kernel="k"), old_solo5, True, "off")
     with pytest.raises(UsageError, match="ABI version 1, which knows no rings"):
-        choose_solo5_ring(VmConfig(kernel="k", devices={"shm": {None: "poll"}}), old_shm, True, "off")
+        choose_solo5_ring(
+            VmConfig(kernel="k", devices={"shm": {None: "poll"}}), old_shm, True, "off"
+        )
 
 
 def test_explicit_mode_with_nothing_to_serve_is_refused(solo5_guest):
