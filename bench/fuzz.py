@@ -91,7 +91,7 @@ def run_atheris(target: str, corpus: Path, seconds: int, extra: list[str]) -> in
     from testkit import fuzztargets
 
     for module in (
-        "pyvmm.cli",
+        "pyvmm.command.cli",
         "pyvmm.loader",
         "pyvmm.loader.elf",
         "pyvmm.loader.manifest",
@@ -100,7 +100,7 @@ def run_atheris(target: str, corpus: Path, seconds: int, extra: list[str]) -> in
         "pyvmm.devices.net.hypercalls",
         "pyvmm.devices.block.hypercalls",
         "pyvmm.devices.console",
-        "pyvmm.memory",
+        "pyvmm.kvm.memory",
         "pyvmm.serve.http",
         "pyvmm.serve.routes",
         "pyvmm.oci.bundle",

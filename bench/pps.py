@@ -97,7 +97,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import baseline, pps_chart  # noqa: E402
-from pyvmm.statsview import is_live_line  # noqa: E402
+from pyvmm.vm.statsview import is_live_line  # noqa: E402
 from testkit.helpers import STATS_SCHEMA, guest_report  # noqa: E402
 from testkit.netns import NetNamespace, read_until  # noqa: E402
 

@@ -18,7 +18,7 @@ SIGTERM's 143 and its one line, or an end before the SIGTERM), the fd count
 and RSS of the pyvmm process after its first burst and before its stop
 (growth), and frames: offered by the sender, handed to pyvmm by the tap,
 dropped by the tap (its queue full: pyvmm too slow), and pyvmm's own drops
-by cause (--stats-json: every counter pyvmm.stats.NET_MEANING calls a drop:
+by cause (--stats-json: every counter pyvmm.vm.stats.NET_MEANING calls a drop:
 ring full, oversize, bad index, bad TX length, refused by the tap). Not a CI
 test: it takes as long as asked.
 """
@@ -40,8 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pyvmm.stats import drop_counters  # noqa: E402
-from pyvmm.statsview import is_live_line  # noqa: E402
+from pyvmm.vm.stats import drop_counters  # noqa: E402
+from pyvmm.vm.statsview import is_live_line  # noqa: E402
 from testkit.netns import NetNamespace  # noqa: E402
 
 GUESTS = ROOT / "guests" / "bin"

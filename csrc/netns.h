@@ -1,4 +1,4 @@
-/* Namespace calls for pyvmm/netns.py: 0 or -errno.  Read by cffi. */
+/* Namespace calls for pyvmm/host/netns.py: 0 or -errno.  Read by cffi. */
 #ifndef PYVMM_NETNS_H
 #define PYVMM_NETNS_H
 

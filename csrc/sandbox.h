@@ -1,6 +1,6 @@
 /*
  * The sandbox: a seccomp filter on every thread of the process, installed
- * once set-up is over (pyvmm/sandbox.py has the allow list and says why
+ * once set-up is over (pyvmm/host/sandbox.py has the allow list and says why
  * each call is there; docs/security.md).  Built with libseccomp.
  *
  * Three steps, so that the costly one is done once: building compiles the

@@ -17,7 +17,7 @@ options a dict by device name (``net={"service0": "tap100"}`` is
 (``net="tap100"``). They go through the command line's own parser, so
 every check is the CLI's; its messages name these keyword arguments
 (``mem=4097: ...``), not the command's options (a
-``pyvmm.errors.PyvmmError``). ``console`` takes the guest's console output
+``pyvmm.common.errors.PyvmmError``). ``console`` takes the guest's console output
 (default: this process's standard output).
 
 One guest runs at a time per process: stop signals are taken process-wide
@@ -32,11 +32,11 @@ import threading
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from pyvmm.cli import core_options, parse_args
-from pyvmm.config import VmConfig
+from pyvmm.command.cli import core_options, parse_args
+from pyvmm.common.errors import OutputError, PyvmmError, UsageError
 from pyvmm.devices.console import ConsoleClosed
-from pyvmm.errors import OutputError, PyvmmError, UsageError
-from pyvmm.vmm import Vmm
+from pyvmm.vm.config import VmConfig
+from pyvmm.vm.vmm import Vmm
 
 _running = threading.Lock()  # one guest per process (signal handlers are global)
 
@@ -49,9 +49,9 @@ ConsoleTarget = BinaryIO | Callable[[bytes], Any]
 NOT_HERE = {
     "help": "help(pyvmm.api.Guest) describes the keyword arguments",
     "version": "pyvmm.__version__ is the version",
-    "host_info": "pyvmm.host.host_info(pyvmm.kvm.System()) gives the host's facts",
-    "query_manifest": "pyvmm.query.describe(kernel) reads a kernel's declarations",
-    "json": "pyvmm.query.describe(kernel) reads a kernel's declarations",
+    "host_info": "pyvmm.command.hostinfo.host_info(pyvmm.kvm.System()) gives the host's facts",
+    "query_manifest": "pyvmm.command.query.describe(kernel) reads a kernel's declarations",
+    "json": "pyvmm.command.query.describe(kernel) reads a kernel's declarations",
     "verbose": "configure logging.getLogger('pyvmm') (INFO says what pyvmm decided)",
     "quiet": "configure logging.getLogger('pyvmm')",
     "log_level": "configure logging.getLogger('pyvmm')",

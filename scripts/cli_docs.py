@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Write docs/pyvmm.1 and scripts/pyvmm-completion.bash from pyvmm's option
-table (pyvmm/clidocs.py); with --check, only say whether they are stale."""
+table (pyvmm/command/clidocs.py); with --check, only say whether they are stale."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pyvmm import clidocs  # noqa: E402
+from pyvmm.command import clidocs  # noqa: E402
 
 FILES = {
     ROOT / "docs" / "pyvmm.1": clidocs.man_page,

@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pyvmm.arch.x86_64.cpu import get_regs  # noqa: E402
-from pyvmm.config import VmConfig  # noqa: E402
-from pyvmm.vmm import Vmm  # noqa: E402
+from pyvmm.vm.config import VmConfig  # noqa: E402
+from pyvmm.vm.vmm import Vmm  # noqa: E402
 
 KVM_SET_GUEST_DEBUG = 0x4048AE9B  # _IOW(KVMIO, 0x9b, struct kvm_guest_debug), x86_64
 KVM_CAP_SET_GUEST_DEBUG = 23

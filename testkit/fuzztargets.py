@@ -18,7 +18,7 @@ import struct
 import tempfile
 
 from pyvmm._native import ffi, lib
-from pyvmm.errors import GuestFault, LoaderError, PyvmmError
+from pyvmm.common.errors import GuestFault, LoaderError, PyvmmError
 
 TARGETS = ("elf", "manifest", "cli", "hypercall", "http")
 
@@ -74,7 +74,7 @@ def manifest(data: bytes) -> str:
 
 def cli(data: bytes) -> str:
     """argv as NUL-separated strings (as the kernel hands them over)."""
-    from pyvmm.cli import parse_args
+    from pyvmm.command.cli import parse_args
 
     argv = [a.decode("utf-8", "surrogateescape") for a in data.split(b"\0")] if data else []
     try:
@@ -100,7 +100,7 @@ class _Rig:
         from pyvmm.devices.net.device import NetDevice
         from pyvmm.devices.net.tap import TapBackend
         from pyvmm.hvt.hypercalls import Hypercalls
-        from pyvmm.memory import GuestMemory, Protection
+        from pyvmm.kvm.memory import GuestMemory, Protection
 
         self.memory = GuestMemory(MEM_SIZE)
         # A read-only range as the loader would leave one.

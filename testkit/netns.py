@@ -36,7 +36,7 @@ from typing import Any
 
 from pyroute2 import IPRoute, netns
 
-from pyvmm.netns import inside, setns
+from pyvmm.host.netns import inside, setns
 
 # Processes started inside run from the repository root by default, so
 # ``python -m testkit.traffic`` and ``python -m pyvmm`` resolve there.

@@ -10,9 +10,9 @@ import os
 import pytest
 
 from conftest import guest
-from pyvmm.config import VmConfig
-from pyvmm.errors import PyvmmError
-from pyvmm.vmm import Vmm
+from pyvmm.common.errors import PyvmmError
+from pyvmm.vm.config import VmConfig
+from pyvmm.vm.vmm import Vmm
 from testkit import helpers
 from testkit.netns import NetNamespace
 

@@ -245,7 +245,9 @@ def _as_nobody(*argv: str) -> subprocess.CompletedProcess:
     files may be unreadable to nobody, /dev/kvm must be."""
     code = (
         "import os, sys, grp, pwd, textwrap\n"
-        "from pyvmm import cli, host, kvm, errors\n"
+        "from pyvmm.command import cli, hostinfo as host\n"
+        "from pyvmm import kvm\n"
+        "from pyvmm.common import errors\n"
         "import pyvmm.kvm.access\n"
         "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
         f"sys.exit(cli.main({list(argv)!r}))\n"
@@ -327,7 +329,7 @@ def test_option_syntax_errors(args, line):
 
 
 def test_verbose_is_the_long_form_of_v():
-    from pyvmm.cli import parse_command
+    from pyvmm.command.cli import parse_command
 
     assert parse_command(["--verbose", "k.hvt"]).log_level == "info"
     assert one_line(run_pyvmm("--verbose", "-v", "k.hvt")) == (
@@ -556,7 +558,7 @@ def test_debug_dumps_registers_on_a_fault():
 def test_verbose_names_devices_in_the_syntax_the_command_takes(disk):
     """-v's device line is options one can paste: parsed again they give
     the same device settings."""
-    from pyvmm.cli import parse_command
+    from pyvmm.command.cli import parse_command
 
     given = [f"--block:storage={disk}", "--block-sector-size:storage=4096", "--no-lock"]
     result = run_pyvmm("-v", *given, guest("blocktest"))
@@ -630,7 +632,7 @@ def test_query_manifest_takes_only_the_kernel():
 
 
 def test_help_lists_every_option_of_the_table_exit_statuses_and_environment():
-    from pyvmm import cli
+    from pyvmm.command import cli
 
     text = run_pyvmm("--help").stdout
     assert text == cli.usage()
@@ -658,7 +660,7 @@ def test_help_lists_every_environment_variable_pyvmm_reads():
     variable users may set, and --help names it (pyvmm-oci's own are in
     its help; names that are module attributes are not variables)."""
     import pyvmm.loader
-    from pyvmm import cli
+    from pyvmm.command import cli
 
     sources = [p for p in (ROOT / "pyvmm").rglob("*.py") if "oci" not in p.parts]
     sources.append(ROOT / "csrc" / "launcher.c")
@@ -672,7 +674,7 @@ def test_help_lists_every_environment_variable_pyvmm_reads():
 
 
 def test_man_page_and_completion_are_generated_from_the_table():
-    from pyvmm import cli, clidocs
+    from pyvmm.command import cli, clidocs
 
     man = (ROOT / "docs" / "pyvmm.1").read_text()
     assert man == clidocs.man_page(), "docs/pyvmm.1 is stale: run scripts/cli_docs.py"
@@ -769,7 +771,7 @@ def test_bash_completion_of_a_value_as_the_next_word():
 
 
 def test_readme_lists_every_option():
-    from pyvmm import cli
+    from pyvmm.command import cli
 
     usage = (ROOT / "README.md").read_text().split("## Usage", 1)[1].split("\n## ", 1)[0]
     for entry in cli.help_entries():

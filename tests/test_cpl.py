@@ -12,7 +12,7 @@ import pytest
 
 from conftest import guest, run_pyvmm
 from pyvmm.loader import load_kernel
-from pyvmm.plan import choose_mode
+from pyvmm.vm.plan import choose_mode
 from testkit.helpers import BAD_CPL, BAD_CPL_MESSAGE
 
 pytestmark = pytest.mark.kvm

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, guest, run_pyvmm
-from pyvmm.debug.report import backtrace
-from pyvmm.debug.symbols import SymbolFile
-from pyvmm.errors import GuestFault
+from pyvmm.common.errors import GuestFault
+from pyvmm.vm.debug.report import backtrace
+from pyvmm.vm.debug.symbols import SymbolFile
 
 MODES = ("--cpl=0", "--cpl=3", "--cpl=deprivileged")
 AT = re.compile(r" at ([A-Za-z_][\w.]*)(?:\+(0x[0-9a-f]+))?$")

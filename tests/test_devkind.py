@@ -59,7 +59,7 @@ RUN = """
 import sys
 from testkit.devkind import registered
 with registered():
-    from pyvmm.cli import main
+    from pyvmm.command.cli import main
     status = main(sys.argv[1:])
 sys.exit(status)
 """
@@ -99,7 +99,7 @@ def probe(tmp_path_factory) -> Path:
 
 
 def pyvmm(*args: str, registered: bool = True) -> subprocess.CompletedProcess:
-    code = RUN if registered else "import sys\nfrom pyvmm.cli import main\nsys.exit(main())"
+    code = RUN if registered else "import sys\nfrom pyvmm.command.cli import main\nsys.exit(main())"
     return subprocess.run(
         [sys.executable, "-c", code, *args],
         cwd=ROOT,

@@ -166,7 +166,7 @@ def test_pyvmm_debug_shows_the_traceback_of_an_internal_error():
     script = textwrap.dedent(
         """
         import sys
-        from pyvmm import cli
+        from pyvmm.command import cli
         def broken(argv):
             raise RuntimeError("planted bug")
         cli.parse_command = broken

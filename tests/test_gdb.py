@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from conftest import guest, popen_pyvmm, run_pyvmm
-from pyvmm.debug.symbols import SymbolFile
 from pyvmm.kvm.system import kvm_flavour
+from pyvmm.vm.debug.symbols import SymbolFile
 from scripts import solo5_build, solo5_check
 
 pytestmark = pytest.mark.kvm

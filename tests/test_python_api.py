@@ -13,8 +13,8 @@ import pytest
 
 from conftest import guest
 from pyvmm.api import Guest, api_words
+from pyvmm.common.errors import LoaderError, OutputError, PyvmmError, UsageError
 from pyvmm.devices.console import ConsoleClosed
-from pyvmm.errors import LoaderError, OutputError, PyvmmError, UsageError
 
 
 def _running_guests() -> list[threading.Thread]:

@@ -71,7 +71,7 @@ def test_the_filter_refuses_what_reaches_beyond_the_vm_and_the_guest_runs_on():
 
 SELF_TEST_UNFILTERED = """
 import os, sys
-from pyvmm import sandbox
+from pyvmm.host import sandbox
 from pyvmm.kvm import System
 with System() as system, system.create_vm() as vm:
     vcpu = vm.create_vcpu(0)
@@ -195,8 +195,8 @@ def test_the_filter_is_compiled_once_and_a_bad_program_is_refused():
     a whole BPF program is refused before anything is set."""
     import errno
 
-    from pyvmm import sandbox
     from pyvmm._native import ffi, lib
+    from pyvmm.host import sandbox
 
     program = sandbox.program()
     assert program is sandbox.program()
@@ -229,8 +229,8 @@ def test_the_pid_and_fds_are_bound_into_each_process_copy_and_an_unbound_one_is_
     negative fd or pid is refused."""
     import errno
 
-    from pyvmm import sandbox
     from pyvmm._native import ffi, lib
+    from pyvmm.host import sandbox
 
     program = sandbox.program()
     placeholders = {k for k in constants(program) if k >> 16 == 0x7E5A}
@@ -256,7 +256,7 @@ READ_IMPLIES_EXEC = 0x0400000
 WITH_READ_IMPLIES_EXEC = f"""
 import ctypes, sys
 ctypes.CDLL(None).personality({READ_IMPLIES_EXEC})
-from pyvmm.cli import main
+from pyvmm.command.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 

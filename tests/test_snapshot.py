@@ -19,7 +19,7 @@ import subprocess
 import pytest
 
 from conftest import GUESTS, ROOT, popen_pyvmm, run_pyvmm
-from pyvmm.snapshot import format as snapshot_format
+from pyvmm.vm.snapshot import format as snapshot_format
 
 pytestmark = pytest.mark.kvm
 

@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, sys.argv.pop(1))
 sys.argv[0] = "pyvmm"
 import os
-from pyvmm import entry
+from pyvmm.command import entry
 out = open(os.environ["PYVMM_MODULES_OUT"], "w")  # before the sandbox
 def report(status, _exit=os._exit):
     out.write("\\n".join(sorted(sys.modules)))
@@ -51,7 +51,7 @@ def test_version_imports_no_device_kind_no_architecture_no_logging(tmp_path):
     unwanted = HEAVY | DEVICE_KINDS | {"dataclasses", "inspect", "platform"}
     unwanted |= {"typing", "re", "enum", "functools"}  # typing and what it imports
     assert not loaded & unwanted, loaded & unwanted
-    assert not any(m.startswith(("pyvmm.arch", "pyvmm.statsview")) for m in loaded)
+    assert not any(m.startswith(("pyvmm.arch", "pyvmm.vm.statsview")) for m in loaded)
 
 
 def test_help_needs_the_device_kinds_only_for_their_options(tmp_path):
@@ -62,13 +62,13 @@ def test_help_needs_the_device_kinds_only_for_their_options(tmp_path):
 @pytest.mark.kvm
 def test_a_guest_without_devices_loads_no_net_code_no_trap_emulator_no_logging(tmp_path):
     loaded = modules(tmp_path, str(guest("hello")))
-    unwanted = HEAVY | {"pyvmm.devices.net.tap", "pyvmm.arch.x86_64.traps", "pyvmm.netns"}
+    unwanted = HEAVY | {"pyvmm.devices.net.tap", "pyvmm.arch.x86_64.traps", "pyvmm.host.netns"}
     # No dataclasses on the start path, so neither it nor the inspect it
     # imports (with ast, dis and tokenize) is ever loaded.
     unwanted |= {"dataclasses", "inspect", "ast", "dis", "tokenize"}
     unwanted.add("signal")  # _signal does (signal.py's enums cost a millisecond)
     assert not loaded & unwanted, loaded & unwanted
-    assert "pyvmm.vmm" in loaded
+    assert "pyvmm.vm.vmm" in loaded
 
 
 @pytest.mark.kvm
@@ -76,7 +76,7 @@ def test_version_cycle_frequency_is_the_architectures():
     """host.cycle_freq reads the counter's frequency without importing the
     architecture: the same value as Arch.cycle_freq."""
     from pyvmm.arch import host_arch
-    from pyvmm.host import cycle_freq
+    from pyvmm.command.hostinfo import cycle_freq
     from pyvmm.kvm import System
 
     with System() as kvm:

@@ -16,8 +16,8 @@ import pytest
 
 from conftest import guest, popen_pyvmm, run_pyvmm
 from pyvmm.api import Guest
-from pyvmm.errors import LoaderError, UsageError
-from pyvmm.statsview import HEADER_EVERY, is_live_line
+from pyvmm.common.errors import LoaderError, UsageError
+from pyvmm.vm.statsview import HEADER_EVERY, is_live_line
 from testkit import helpers
 from testkit.netns import NetNamespace
 

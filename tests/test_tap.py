@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import pytest
 from pyroute2 import netns as pyroute2_netns
 
+from pyvmm.common.errors import DeviceError
 from pyvmm.devices.net.tap import (
     IFF_NO_PI,
     IFF_TAP,
@@ -32,7 +33,6 @@ from pyvmm.devices.net.tap import (
     parse_mac,
     random_mac,
 )
-from pyvmm.errors import DeviceError
 from testkit.netns import NetNamespace
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -207,7 +207,7 @@ def test_trace_file_that_cannot_be_created_is_one_line(tmp_path):
 def test_trace_is_a_no_op_until_enabled():
     """Off, ``mark`` is the module's empty function (no list, no clock)."""
     code = (
-        "from pyvmm import trace\n"
+        "from pyvmm.common import trace\n"
         "before = len(trace._marks)\n"
         "trace.mark('x')\n"
         "assert len(trace._marks) == before and trace.mark.__code__.co_code is not None\n"

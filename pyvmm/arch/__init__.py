@@ -18,14 +18,14 @@ import importlib
 import os
 from typing import TYPE_CHECKING, Protocol
 
-from pyvmm.errors import HostError
+from pyvmm.common.errors import HostError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from pyvmm.errors import GuestFault
+    from pyvmm.common.errors import GuestFault
     from pyvmm.kvm import System, Vcpu, VcpuExit, Vm
-    from pyvmm.memory import GuestMemory, Protection
+    from pyvmm.kvm.memory import GuestMemory, Protection
 
 # platform.machine() spelling -> module under pyvmm/arch/ (written ones only).
 ARCHES = {"x86_64": "x86_64", "aarch64": "aarch64"}

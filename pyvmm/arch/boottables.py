@@ -18,7 +18,7 @@ from types import MappingProxyType
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from pyvmm.memory import Protection
+    from pyvmm.kvm.memory import Protection
 
     Regions = list[tuple[int, int, Protection]]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 
-from pyvmm.errors import LoaderError
+from pyvmm.common.errors import LoaderError
 
 PAGE = 0x1000
 

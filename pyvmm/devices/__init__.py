@@ -14,12 +14,12 @@ from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pyvmm.errors import UsageError
+from pyvmm.common.errors import UsageError
 
 if TYPE_CHECKING:
-    from pyvmm.config import VmConfig
+    from pyvmm.kvm.memory import GuestMemory
     from pyvmm.loader import Attachment, DeviceType, Kernel, Manifest
-    from pyvmm.memory import GuestMemory
+    from pyvmm.vm.config import VmConfig
 
 
 def text_value(option: str, value: str) -> str:

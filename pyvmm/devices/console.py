@@ -6,7 +6,7 @@ import errno
 import os
 
 from pyvmm._native import ffi, lib
-from pyvmm.errors import OutputError
+from pyvmm.common.errors import OutputError
 
 SIGPIPE = 13  # Linux, every architecture pyvmm runs on
 

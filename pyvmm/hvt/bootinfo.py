@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 
 from pyvmm._native import ffi, lib
-from pyvmm.errors import UsageError
-from pyvmm.memory import GuestMemory
-from pyvmm.record import Record
+from pyvmm.common.errors import UsageError
+from pyvmm.common.record import Record
+from pyvmm.kvm.memory import GuestMemory
 
 BOOT_INFO_GPA = lib.HVT_BOOT_INFO_BASE
 CMDLINE_SIZE = lib.HVT_CMDLINE_SIZE

@@ -19,7 +19,7 @@ from pyvmm._native import ffi, lib
 
 if TYPE_CHECKING:
     from pyvmm.devices import Device, DeviceKind, Service
-    from pyvmm.memory import GuestMemory
+    from pyvmm.kvm.memory import GuestMemory
 
 
 def build(

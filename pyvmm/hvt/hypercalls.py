@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable, Sequence
 
 from pyvmm._native import ffi, lib
+from pyvmm.common.errors import GuestFault
 from pyvmm.devices import Device, DeviceKind, Service, kinds
 from pyvmm.devices.console import Console
-from pyvmm.errors import GuestFault
 from pyvmm.hvt import fastpath
-from pyvmm.memory import GuestMemory
+from pyvmm.kvm.memory import GuestMemory
 
 OK = lib.HVT_RET_OK
 AGAIN = lib.HVT_RET_AGAIN

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from pyvmm._native import ffi, lib
-from pyvmm.errors import HostError
+from pyvmm.common.errors import HostError
 
 
 class KvmError(HostError):

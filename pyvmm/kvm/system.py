@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 from pyvmm._native import lib
-from pyvmm.errors import HostError
-from pyvmm.fd import OwnedFd
+from pyvmm.common.errors import HostError
+from pyvmm.common.fd import OwnedFd
 from pyvmm.kvm.ioctl import ioctl
 from pyvmm.kvm.vm import Vm
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from pyvmm._native import ffi, lib
-from pyvmm.fd import OwnedFd
+from pyvmm.common.fd import OwnedFd
 from pyvmm.kvm.ioctl import ioctl
 from pyvmm.kvm.vcpu import Vcpu
 

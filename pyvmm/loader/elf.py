@@ -11,8 +11,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-from pyvmm.errors import LoaderError
-from pyvmm.record import Record
+from pyvmm.common.errors import LoaderError
+from pyvmm.common.record import Record
 
 # Elf64_Ehdr, Elf64_Phdr and Elf64_Nhdr, little-endian.
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")

@@ -12,15 +12,15 @@ import os
 import stat
 
 from pyvmm._native import lib
-from pyvmm.errors import LoaderError
+from pyvmm.common.errors import LoaderError
+from pyvmm.common.record import Record
+from pyvmm.common.sizes import GUEST_MEMORY_LIMIT, MEM_GRANULE, MIB, PAGE_SIZE
+from pyvmm.kvm.memory import GuestMemory, PagesGone, Protection
 from pyvmm.loader.elf import ElfImage, Segment, parse_elf
 from pyvmm.loader.lease import ImageLease
 from pyvmm.loader.manifest import Manifest
 from pyvmm.loader.notes import AbiInfo, Capabilities, read_abi, read_capabilities
 from pyvmm.loader.sharing import FileIdentity, map_image, refusal
-from pyvmm.memory import GuestMemory, PagesGone, Protection
-from pyvmm.record import Record
-from pyvmm.sizes import GUEST_MEMORY_LIMIT, MEM_GRANULE, MIB, PAGE_SIZE
 
 # Nothing loads below this: the page tables, boot info and command line live there.
 MIN_LOAD_ADDRESS = lib.HVT_GUEST_MIN_BASE

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from enum import IntEnum
 
 from pyvmm._native import ffi, lib
-from pyvmm.errors import LoaderError, UsageError
+from pyvmm.common.errors import LoaderError, UsageError
+from pyvmm.common.record import Record
 from pyvmm.loader.elf import ElfImage
 from pyvmm.loader.notes import SOLO5_MANIFEST, note_descriptor
-from pyvmm.record import Record
 
 MFT_HEADER_SIZE = ffi.sizeof("struct mft")
 MFT_ENTRY_SIZE = ffi.sizeof("struct mft_entry")

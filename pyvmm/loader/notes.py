@@ -10,9 +10,9 @@ under solo5-hvt.
 from __future__ import annotations
 
 from pyvmm._native import ffi, lib
-from pyvmm.errors import LoaderError
+from pyvmm.common.errors import LoaderError
+from pyvmm.common.record import Record
 from pyvmm.loader.elf import ElfImage, Note
-from pyvmm.record import Record
 
 SOLO5_OWNER = b"Solo5"
 

@@ -37,12 +37,12 @@ import stat
 from collections.abc import Iterable
 
 from pyvmm._native import lib
+from pyvmm.common.log import log
+from pyvmm.common.record import Record
+from pyvmm.common.sizes import PAGE_SIZE
+from pyvmm.kvm.memory import GuestMemory
 from pyvmm.loader.elf import Segment
 from pyvmm.loader.lease import COPIED, HELD, LOST, ImageLease
-from pyvmm.log import log
-from pyvmm.memory import GuestMemory
-from pyvmm.record import Record
-from pyvmm.sizes import PAGE_SIZE
 
 # PYVMM_IMAGE_SHARING=0 copies every image (a network file system whose
 # other clients may write the file, or a before/after measurement).

@@ -373,8 +373,8 @@ def read_bundle(bundle: str, config: dict | None = None) -> Unikernel:
 
 def _fill(result: Unikernel, bundle: str, config: dict, root_fd: int) -> None:
     """Everything after the unikernel is open (which ``result`` holds)."""
-    from pyvmm.errors import PyvmmError
-    from pyvmm.query import describe
+    from pyvmm.command.query import describe
+    from pyvmm.common.errors import PyvmmError
 
     try:
         result.devices = describe(result.path)["devices"]

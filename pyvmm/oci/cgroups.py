@@ -43,7 +43,7 @@ import re
 import signal
 import time
 
-from pyvmm.record import MutableRecord
+from pyvmm.common.record import MutableRecord
 
 DEFAULT_ROOT = "/sys/fs/cgroup"
 V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "pids")

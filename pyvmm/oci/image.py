@@ -75,7 +75,7 @@ def build(
 
     ``members``: more entries for the layer (a disk image for a block
     annotation; the tests' links and device nodes)."""
-    from pyvmm.query import describe
+    from pyvmm.command.query import describe
 
     describe(kernel)  # a Solo5 hvt unikernel, or a LoaderError
     if net_args:
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         if not sep:
             p.error(f"--annotation {item!r}: KEY=VALUE expected")
         extra[key] = value
-    from pyvmm.errors import PyvmmError
+    from pyvmm.common.errors import PyvmmError
 
     try:
         ref = build(

@@ -18,7 +18,7 @@ namespace:
 
 ``teardown`` deletes the tap and the veth's ingress qdisc (with its filter).
 Everything goes through pyroute2 with the calling thread moved into the
-namespace by setns(2) (pyvmm.netns); pyroute2 is imported only here, so a
+namespace by setns(2) (pyvmm.host.netns); pyroute2 is imported only here, so a
 container without networking needs nothing beyond pyvmm.
 """
 
@@ -30,7 +30,7 @@ import ipaddress
 import os
 import socket
 
-from pyvmm.netns import inside_path as inside
+from pyvmm.host.netns import inside_path as inside
 
 ETH_P_ALL = 0x0003
 INGRESS = 0xFFFF0000

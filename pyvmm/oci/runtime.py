@@ -267,7 +267,7 @@ def _child(
                 os.dup2(console, fd)
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         if new_netns:
-            from pyvmm.netns import unshare
+            from pyvmm.host.netns import unshare
 
             unshare()
         # Blocks until start opens the FIFO for reading.

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import sys
 
-from pyvmm import stopping
-from pyvmm.errors import UsageError
+from pyvmm.common import stopping
+from pyvmm.common.errors import UsageError
 
 SUBCOMMANDS = ("serve", "run")
 USAGE = """\
@@ -65,7 +65,7 @@ def _api_sock(argv: list[str], name: str) -> tuple[str, list[str]]:
 
 def main(argv: list[str]) -> int:
     """``argv`` starts with the subcommand; its exit status, its errors
-    told as the command's (pyvmm.stopping)."""
+    told as the command's (pyvmm.common.stopping)."""
     return stopping.contained(lambda: _subcommand(argv))
 
 

@@ -37,13 +37,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pyvmm import stopping
-from pyvmm.config import VmConfig
+from pyvmm.common import stopping
+from pyvmm.common.errors import PyvmmError, stop_message
 from pyvmm.devices.console import ConsoleClosed
-from pyvmm.errors import PyvmmError, stop_message
-from pyvmm.plan import Plan
-from pyvmm.statsview import StatsOutput, open_json
-from pyvmm.vmm import Vmm
+from pyvmm.vm.config import VmConfig
+from pyvmm.vm.plan import Plan
+from pyvmm.vm.statsview import StatsOutput, open_json
+from pyvmm.vm.vmm import Vmm
 
 PR_SET_PDEATHSIG = 1
 #: The console's fds a pooled VM takes with b"go" (stdout, stderr).
@@ -290,7 +290,7 @@ def _run(spec: ChildSpec, channel: int, usr1: int, times: dict[str, int]) -> tup
     stdout_json = spec.pooled and config.stats_json == "-"
     json_out = open_json(config.stats_json) if config.stats_json and not stdout_json else None
     if not spec.pooled:
-        from pyvmm import trace
+        from pyvmm.common import trace
 
         trace.mark("child: console, --stats-json")
     keep = {0, 1, 2, channel, usr1} | ({json_out.fileno()} if json_out is not None else set())
@@ -351,7 +351,7 @@ def _let_go_of_others(spec: ChildSpec, keep: set[int]) -> None:
     closed: its number stays taken, so an object of the launcher's heap
     that closes "its" fd later closes a /dev/null, never an fd this VM
     opened since (/dev/kvm's, say)."""
-    from pyvmm import trace
+    from pyvmm.common import trace
     from pyvmm.serve import warm
 
     warm.forget_other_images(spec.plan.kernel)
@@ -373,13 +373,13 @@ def _let_go_of_others(spec: ChildSpec, keep: set[int]) -> None:
 
 
 def _start_trace(spec: ChildSpec, first: str, forked_ns: int | None = None) -> None:
-    """--trace through the launcher: the command's timeline (pyvmm.trace),
+    """--trace through the launcher: the command's timeline (pyvmm.common.trace),
     from the request's first byte; ``first`` names the launcher's part,
     which ends when the child runs its first line after the fork
     (``forked_ns``; a pooled VM's, now)."""
     if spec.trace is None:
         return
-    from pyvmm import trace
+    from pyvmm.common import trace
 
     trace._marks.clear()  # the launcher's own, inherited
     boot_offset = time.clock_gettime_ns(time.CLOCK_BOOTTIME) - time.monotonic_ns()
@@ -398,7 +398,7 @@ def _start_trace(spec: ChildSpec, first: str, forked_ns: int | None = None) -> N
 
 def _finish_trace(spec: ChildSpec) -> None:
     if spec.trace is not None:
-        from pyvmm import trace
+        from pyvmm.common import trace
 
         trace.mark("flush and exit")
         trace.finish()
@@ -437,7 +437,7 @@ class _Notes(logging.Handler):
 @contextlib.contextmanager
 def _logged(level: str, notes: _Notes) -> Iterator[_Notes]:
     """pyvmm's log records into ``notes`` while the ``with`` lasts."""
-    from pyvmm.log import log
+    from pyvmm.common.log import log
 
     saved = log.handlers[:], log.level, log.propagate
     log.handlers[:] = [notes]
@@ -454,7 +454,7 @@ def main(spec: ChildSpec, channel: int, parent: int, forked_ns: int) -> int:
     """The child's life, after the launcher's fds are closed; its status.
 
     Stop signals are blocked on entry (the launcher blocks them around the
-    fork) and unblocked here once the command's handlers (pyvmm.stopping)
+    fork) and unblocked here once the command's handlers (pyvmm.common.stopping)
     are in again: the launcher's own were its loop's."""
     times = {"forked": forked_ns, "child": time.monotonic_ns()}
     # Only a count: a set of the names would write to every name's page

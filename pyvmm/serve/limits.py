@@ -9,7 +9,7 @@ orchestration; ``pyvmm serve`` options change them (docs/serve.md).
 
 from __future__ import annotations
 
-from pyvmm.errors import UsageError
+from pyvmm.common.errors import UsageError
 
 
 class Limits:

@@ -30,7 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 from pyvmm import __version__
-from pyvmm.errors import PyvmmError, stop_message
+from pyvmm.common.errors import PyvmmError, stop_message
+from pyvmm.common.stopping import internal_error
 from pyvmm.serve import http
 from pyvmm.serve.events import MAX_MESSAGE, BadMessage, parse_event
 from pyvmm.serve.http import HttpError, Request, error_body
@@ -50,7 +51,6 @@ from pyvmm.serve.vms import (
     spawn,
 )
 from pyvmm.serve.warm import HostFacts
-from pyvmm.stopping import internal_error
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: How long a VM gets to end after its stop signal before SIGKILL (s).

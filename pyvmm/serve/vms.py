@@ -20,13 +20,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pyvmm import cli, stopping
-from pyvmm.errors import PyvmmError, UsageError
-from pyvmm.plan import make_plan
+from pyvmm.command import cli
+from pyvmm.common import stopping
+from pyvmm.common.errors import PyvmmError, UsageError
 from pyvmm.serve import child
 from pyvmm.serve.http import HttpError
 from pyvmm.serve.relay import StderrRelay
 from pyvmm.serve.warm import HostFacts, precompute
+from pyvmm.vm.plan import make_plan
 
 ID_OK = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # (fullmatch: no "$", which takes a "\n")
 #: Passed fds a request may carry: the guest's console and pyvmm's stderr.

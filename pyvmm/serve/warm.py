@@ -36,14 +36,14 @@ MODULES = (
     "json",
     "logging",
     "pwd",
-    "pyvmm.vmm",
-    "pyvmm.plan",
-    "pyvmm.stats",
-    "pyvmm.statsview",
-    "pyvmm.sandbox",
-    "pyvmm.faults",
-    "pyvmm.iothread",
-    "pyvmm.netns",
+    "pyvmm.vm.vmm",
+    "pyvmm.vm.plan",
+    "pyvmm.vm.stats",
+    "pyvmm.vm.statsview",
+    "pyvmm.host.sandbox",
+    "pyvmm.vm.faults",
+    "pyvmm.devices.iothread",
+    "pyvmm.host.netns",
     "pyvmm.arch",
     "pyvmm.serve.child",
 )
@@ -71,7 +71,7 @@ def _ask_kvm(machine: str) -> None:
     vCPU's statistics (pyvmm.kvm.stats). Without KVM the child says what is
     wrong."""
     from pyvmm._native import lib
-    from pyvmm.errors import HostError
+    from pyvmm.common.errors import HostError
     from pyvmm.kvm import System
     from pyvmm.kvm.stats import KvmStats
 
@@ -172,7 +172,7 @@ def forget_other_images(own: Any) -> None:
     import mmap
 
     from pyvmm._native import ffi, lib
-    from pyvmm.errors import HostError
+    from pyvmm.common.errors import HostError
 
     keep = _buffers(own) if own is not None else {}
     for kernel in list(_loaded):
@@ -215,7 +215,7 @@ def _keep_boot_tables(machine: str) -> None:
     fills them before each fork). An architecture this host cannot run is
     left to the children, which say so as the command would."""
     from pyvmm.arch import host_arch
-    from pyvmm.errors import HostError
+    from pyvmm.common.errors import HostError
 
     try:
         host_arch(machine).keep_boot_tables(BOOT_TABLES_KEPT)
@@ -227,8 +227,8 @@ def _compile_sandbox() -> None:
     """The sandbox's BPF program, compiled here once (about 2 ms of
     libseccomp): each child only loads it. A failure is left to the
     children, which try again and report it as the command would."""
-    from pyvmm import sandbox
-    from pyvmm.errors import HostError
+    from pyvmm.common.errors import HostError
+    from pyvmm.host import sandbox
 
     try:
         sandbox.program()

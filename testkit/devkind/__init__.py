@@ -20,12 +20,12 @@ from typing import Any
 from pyvmm import devices
 from pyvmm._native import ffi as pyvmm_ffi
 from pyvmm._native import lib as pyvmm_lib
+from pyvmm.common.errors import GuestFault, HostError
 from pyvmm.devices import BaseKind, KindPlan, Option, Request, ServiceSetup
-from pyvmm.errors import GuestFault, HostError
-from pyvmm.iothread import IoConfig, IoThread
+from pyvmm.devices.iothread import IoConfig, IoThread
+from pyvmm.kvm.memory import GuestMemory
 from pyvmm.loader import DeviceType
 from pyvmm.loader.manifest import BareAttachment
-from pyvmm.memory import GuestMemory
 from testkit.native import ffi, lib
 
 #: How long a request waits for the IO thread's answer before the run ends.

@@ -16,7 +16,7 @@ from conftest import need_tool
 from pyvmm._native import lib
 from pyvmm.arch.aarch64 import ARCH, DOORBELLS, faults, mmu
 from pyvmm.kvm import IoOut, Mmio
-from pyvmm.memory import Protection
+from pyvmm.kvm.memory import Protection
 
 RX = Protection(read=True, write=False, execute=True)
 RO = Protection(read=True, write=False, execute=False)

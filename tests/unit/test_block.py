@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from pyvmm.common.errors import DeviceError
 from pyvmm.devices.block import BlockDevice
-from pyvmm.errors import DeviceError
 
 
 def make_image(tmp_path: Path, size: int, name: str = "disk.img") -> Path:

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
+from pyvmm.common.errors import DeviceError
 from pyvmm.devices.block.backend import BlockDevice
-from pyvmm.errors import DeviceError
 
 
 @pytest.fixture

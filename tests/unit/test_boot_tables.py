@@ -11,7 +11,7 @@ import pytest
 
 from conftest import ROOT
 from pyvmm.arch.boottables import BootTables
-from pyvmm.memory import GuestMemory, Protection
+from pyvmm.kvm.memory import GuestMemory, Protection
 
 RX = Protection(read=True, write=False, execute=True)
 RW = Protection(read=True, write=True, execute=False)
@@ -98,7 +98,7 @@ sys.path.insert(0, sys.argv[1])
 from pyvmm.serve import warm
 from pyvmm.arch import host_arch
 from pyvmm.loader import load_kernel, page_regions
-from pyvmm.plan import make_plan
+from pyvmm.vm.plan import make_plan
 
 warm.import_all(warm.platform.machine())
 before = {

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from pyvmm._native import lib
-from pyvmm.errors import UsageError
+from pyvmm.common.errors import UsageError
 from pyvmm.hvt.bootinfo import BootInfo, join_cmdline
-from pyvmm.memory import GuestMemory
+from pyvmm.kvm.memory import GuestMemory
 
 
 def test_boot_info_manifest_and_cmdline_layout():

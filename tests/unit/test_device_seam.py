@@ -14,17 +14,17 @@ from pathlib import Path
 import pytest
 
 from conftest import guest
-from pyvmm.cli import parse_command
+from pyvmm.command.cli import parse_command
+from pyvmm.common.errors import UsageError
+from pyvmm.common.log import log
 from pyvmm.devices import BaseKind, Option, register
-from pyvmm.errors import UsageError
 from pyvmm.loader import DeviceType, load_kernel
-from pyvmm.log import log
-from pyvmm.plan import make_plan
+from pyvmm.vm.plan import make_plan
 
 PYVMM = Path(__file__).resolve().parents[2] / "pyvmm"
 MIB = 1 << 20
 
-CORE = ("plan.py", "vmm.py", "hvt/hypercalls.py", "hvt/fastpath.py", "config.py")
+CORE = ("vm/plan.py", "vm/vmm.py", "hvt/hypercalls.py", "hvt/fastpath.py", "vm/config.py")
 # What naming a kind looks like in code: its type, its services, its devices.
 KIND_WORDS = re.compile(
     r"DeviceType \. (NET|BLOCK)|ShmStream|ShmLayout|Solo5Ring|RING_AREA|\bnets\b|\bdisks\b"

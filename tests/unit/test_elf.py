@@ -25,7 +25,7 @@ from elfbuild import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pyvmm.errors import LoaderError
+from pyvmm.common.errors import LoaderError
 from pyvmm.loader import Manifest, parse_elf, read_abi
 from pyvmm.loader.notes import SOLO5_ABI, SOLO5_MANIFEST, find_note
 

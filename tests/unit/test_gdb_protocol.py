@@ -9,8 +9,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from pyvmm.debug import gdbregs
-from pyvmm.debug.rsp import MAX_PACKET, Connection, Disconnected, escape, frame, unescape
+from pyvmm.vm.debug import gdbregs
+from pyvmm.vm.debug.rsp import MAX_PACKET, Connection, Disconnected, escape, frame, unescape
 
 
 @pytest.fixture

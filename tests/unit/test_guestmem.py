@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pyvmm._native import ffi, lib
-from pyvmm.errors import GuestFault
-from pyvmm.memory import GuestMemory, Protection
+from pyvmm.common.errors import GuestFault
+from pyvmm.kvm.memory import GuestMemory, Protection
 
 MIB = 1 << 20
 SIZE = 4 * MIB

@@ -14,7 +14,7 @@ import pytest
 from pyvmm._native import ffi, lib
 from pyvmm.devices.block.hypercalls import BlockHypercalls
 from pyvmm.devices.net.hypercalls import NetHypercalls
-from pyvmm.memory import GuestMemory
+from pyvmm.kvm.memory import GuestMemory
 
 ARG = 0x200000
 BUF = 0x300000

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from pyvmm._native import ffi, lib
+from pyvmm.kvm.memory import PAGE_SIZE, GuestMemory, Protection
 from pyvmm.loader.lease import CLOSED, COPIED, HELD, ImageLease
-from pyvmm.memory import PAGE_SIZE, GuestMemory, Protection
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = 16
@@ -159,8 +159,8 @@ def in_child(body: str, image: Path, *, writable: bool = False) -> subprocess.Co
     prologue = f"""
         import os
         from pyvmm._native import ffi, lib
-        from pyvmm.errors import GuestFault
-        from pyvmm.memory import GuestMemory, PagesGone, Protection
+        from pyvmm.common.errors import GuestFault
+        from pyvmm.kvm.memory import GuestMemory, PagesGone, Protection
         memory = GuestMemory(4 << 20)
         fd = os.open({str(image)!r}, os.O_RDONLY)
         assert memory.map_file({BASE}, {4 * PAGE_SIZE}, fd, 0) == 0
@@ -217,7 +217,7 @@ def test_a_hypercall_struct_on_a_page_gone_is_a_guest_fault(image: Path) -> None
     are guarded copies."""
     result = in_child(
         f"""
-        from pyvmm.memory import GuestStruct
+        from pyvmm.kvm.memory import GuestStruct
         for gpa in ({BASE + PAGE_SIZE}, {BASE + PAGE_SIZE - 8}):
             try:
                 memory.request("struct hvt_hc_net_read", gpa, what="net_read hypercall")

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from elfbuild import good_elf
 
+from pyvmm.common.record import replace
+from pyvmm.kvm.memory import GuestMemory
 from pyvmm.loader import Kernel, Segment, load_kernel, place
 from pyvmm.loader.elf import PF_R, PF_W, PF_X
 from pyvmm.loader.lease import HELD
 from pyvmm.loader.sharing import ENV_SWITCH, FileIdentity, FileRun, file_runs, refusal
-from pyvmm.memory import GuestMemory
-from pyvmm.record import replace
 
 MIB = 1 << 20
 PAGE = 0x1000

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from pyvmm.errors import HostError
-from pyvmm.iothread import IoConfig, IoService
+from pyvmm.common.errors import HostError
+from pyvmm.devices.iothread import IoConfig, IoService
 
 
 def open_fds() -> set[str]:
@@ -36,7 +36,7 @@ def test_a_failed_ioeventfd_registration_closes_the_eventfds(wake) -> None:
 
 
 def test_a_failed_thread_creation_closes_the_eventfds(monkeypatch) -> None:
-    import pyvmm.iothread as iothread
+    import pyvmm.devices.iothread as iothread
 
     def no_thread(*args):
         raise HostError("cannot create the IO thread: out of memory or file descriptors")

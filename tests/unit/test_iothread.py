@@ -33,7 +33,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from pyvmm._native import ffi, lib
-from pyvmm.stats import drop_counters
+from pyvmm.vm.stats import drop_counters
 from testkit.native import lib as kit
 
 MASK = 0xFFFFFFFF

@@ -27,7 +27,8 @@ from elfbuild import (
 )
 
 from conftest import guest
-from pyvmm.errors import GuestFault, LoaderError
+from pyvmm.common.errors import GuestFault, LoaderError
+from pyvmm.kvm.memory import GuestMemory, Protection
 from pyvmm.loader import (
     AbiInfo,
     DeviceType,
@@ -37,7 +38,6 @@ from pyvmm.loader import (
     page_protections,
     place,
 )
-from pyvmm.memory import GuestMemory, Protection
 
 MIB = 1 << 20
 RX = Protection(read=True, write=False, execute=True)

@@ -88,7 +88,7 @@ def _refused_as_nobody(path: Path) -> None:
         "import os, sys, grp, pwd\n"
         "from pyvmm.kvm import System\n"
         "import pyvmm.kvm.access\n"
-        "from pyvmm.errors import HostError\n"
+        "from pyvmm.common.errors import HostError\n"
         "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
         "try:\n"
         f"    System({str(path)!r})\n"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pyvmm._native import ffi
-from pyvmm.errors import HostError
+from pyvmm.common.errors import HostError
 from pyvmm.kvm import System
 
 

@@ -28,10 +28,10 @@ from elfbuild import (
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from pyvmm.errors import LoaderError
+from pyvmm.common.errors import LoaderError
+from pyvmm.kvm.memory import PAGE_SIZE, GuestMemory, Protection
 from pyvmm.loader import load_kernel, page_protections, place
 from pyvmm.loader.elf import MAX_PROGRAM_HEADERS, Segment
-from pyvmm.memory import PAGE_SIZE, GuestMemory, Protection
 
 FLAGS = [PF_R, PF_R | PF_W, PF_R | PF_X, PF_R | PF_W | PF_X]
 

@@ -16,7 +16,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from pyvmm._native import ffi, lib
-from pyvmm.errors import LoaderError, UsageError
+from pyvmm.common.errors import LoaderError, UsageError
 from pyvmm.loader import (
     BlockAttachment,
     DeviceType,

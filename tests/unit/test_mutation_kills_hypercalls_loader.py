@@ -11,13 +11,13 @@ import os
 import pytest
 
 from pyvmm._native import lib
+from pyvmm.common.errors import GuestFault, LoaderError
 from pyvmm.devices.console import Console
 from pyvmm.devices.net.hypercalls import NetHypercalls
-from pyvmm.errors import GuestFault, LoaderError
 from pyvmm.hvt.hypercalls import Hypercalls
+from pyvmm.kvm.memory import GuestMemory
 from pyvmm.loader.elf import parse_elf
 from pyvmm.loader.manifest import NetAttachment
-from pyvmm.memory import GuestMemory
 
 MIB = 1 << 20
 ARG = 0x100000  # a hypercall's argument struct, above the low area
@@ -105,7 +105,7 @@ def test_the_manifest_holds_an_mtu_up_to_65535_and_no_more():
 
 
 def test_net_read_into_read_only_memory_is_a_guest_fault(memory):
-    from pyvmm.memory import Protection
+    from pyvmm.kvm.memory import Protection
 
     memory.protect(0x200000, 0x1000, Protection(read=True, write=False, execute=True))
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pyvmm._native import ffi, lib
-from pyvmm.sandbox import _SYSCALLS, ALLOW
+from pyvmm.host.sandbox import _SYSCALLS, ALLOW
 
 
 def _build(size: int) -> int:

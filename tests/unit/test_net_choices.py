@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from conftest import guest
-from pyvmm.config import VmConfig
+from pyvmm.common.errors import UsageError
+from pyvmm.common.record import replace
 from pyvmm.devices.net.shmstream import ShmLayout
 from pyvmm.devices.net.transport import choose_shm, choose_solo5_ring
-from pyvmm.errors import UsageError
 from pyvmm.loader import load_kernel
 from pyvmm.loader.notes import AbiInfo, Capabilities
-from pyvmm.record import replace
+from pyvmm.vm.config import VmConfig
 
 MIB = 1 << 20
 

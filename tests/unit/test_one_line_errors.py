@@ -10,9 +10,9 @@ import struct
 import pytest
 
 from conftest import guest
-from pyvmm.config import VmConfig
-from pyvmm.errors import HostError
-from pyvmm.vmm import Vmm
+from pyvmm.common.errors import HostError
+from pyvmm.vm.config import VmConfig
+from pyvmm.vm.vmm import Vmm
 
 
 def test_a_host_without_its_arch_is_refused_clearly(tmp_path, monkeypatch):
@@ -32,7 +32,7 @@ def test_a_host_without_its_arch_is_refused_clearly(tmp_path, monkeypatch):
 def test_a_pyvmm_bug_is_still_one_line(monkeypatch, capsys):
     """The last net under every error path: an unexpected exception becomes
     one 'pyvmm: internal error' line and exit status 1, not a traceback."""
-    from pyvmm import cli
+    from pyvmm.command import cli
 
     def broken(argv):
         raise RuntimeError("something pyvmm did not expect")

@@ -13,8 +13,8 @@ from pyvmm._native import ffi, lib
 from pyvmm.devices import kinds
 from pyvmm.devices.console import Console
 from pyvmm.hvt.hypercalls import Hypercalls
+from pyvmm.kvm.memory import GuestMemory
 from pyvmm.loader.manifest import DeviceType
-from pyvmm.memory import GuestMemory
 
 LIMIT = lib.PYVMM_WAIT_MAX_FDS
 ARG = 0x100000  # the poll hypercall's argument struct, above the low area

@@ -1,12 +1,12 @@
-"""pyvmm.record: the start path's value records, without dataclasses."""
+"""pyvmm.common.record: the start path's value records, without dataclasses."""
 
 from __future__ import annotations
 
 import pytest
 
+from pyvmm.common.record import MutableRecord, Record, replace
+from pyvmm.kvm.memory import Protection
 from pyvmm.loader.elf import Segment
-from pyvmm.memory import Protection
-from pyvmm.record import MutableRecord, Record, replace
 
 
 class Pair(Record):

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench import soak  # noqa: E402
-from pyvmm import stats  # noqa: E402
+from pyvmm.vm import stats  # noqa: E402
 
 
 def test_the_hypercall_paths_drops_are_counted():

@@ -14,7 +14,7 @@ import socket
 import pytest
 
 from pyvmm._native import ffi, lib
-from pyvmm.memory import GuestMemory, Protection
+from pyvmm.kvm.memory import GuestMemory, Protection
 from testkit.native import lib as kit
 
 MIB = 1 << 20

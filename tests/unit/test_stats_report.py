@@ -5,8 +5,8 @@ are drops, and everything a device counts reaches the snapshot."""
 
 from __future__ import annotations
 
-from pyvmm import stats
 from pyvmm._native import ffi, lib
+from pyvmm.vm import stats
 
 
 class FakeDevice:
@@ -111,7 +111,7 @@ def test_no_net_device_no_drop_or_tap_sections():
 def test_every_entry_a_device_counts_reaches_the_snapshot_and_the_summary():
     """A device kind's own counter (not net's drops or tap counters) is
     shown under the device, by its own name, without an edit in stats.py."""
-    from pyvmm.statsview import summary
+    from pyvmm.vm.statsview import summary
 
     probe = FakeDevice("probe0", {"pings": 3, "pongs": 2})
     snap = report(fast_path(answered=1), [net("service0", 0, 0), probe])
@@ -122,8 +122,8 @@ def test_every_entry_a_device_counts_reaches_the_snapshot_and_the_summary():
 
 
 def test_the_tables_name_only_what_the_c_structs_and_devices_count():
+    from pyvmm.devices.iothread import LINK_COUNTERS, SOLO5_COUNTERS
     from pyvmm.devices.net.tap import TAP_COUNTERS
-    from pyvmm.iothread import LINK_COUNTERS, SOLO5_COUNTERS
 
     assert set(stats.NET_MEANING["shmstream"]) <= set(LINK_COUNTERS)
     assert set(stats.NET_MEANING["solo5_ring"]) <= set(SOLO5_COUNTERS)
@@ -138,7 +138,7 @@ def test_every_c_counter_named_as_a_drop_is_classified_as_one():
     """A counter added to a struct with a drop's name (drop, bad, fail) is
     counted in the views' drops only once the table says so: this says it
     is missing."""
-    from pyvmm.iothread import LINK_COUNTERS, SOLO5_COUNTERS
+    from pyvmm.devices.iothread import LINK_COUNTERS, SOLO5_COUNTERS
 
     def drop_like(name: str) -> bool:
         return any(word in name for word in ("drop", "bad", "fail", "refused"))
@@ -171,7 +171,7 @@ def test_each_io_services_counters_under_its_key():
 
 
 def test_a_write_solo5s_ring_could_not_send_is_one_of_pyvmms_drops():
-    from pyvmm.statsview import pyvmm_drops, summary
+    from pyvmm.vm.statsview import pyvmm_drops, summary
 
     ring = {name: 0 for name in stats.NET_MEANING["solo5_ring"]} | {"write_failures": 2}
     thread = {"wakeups": 0, "kicks": 0, "sleeps": 0, "busy_passes": 0, "idle_spins": 0}

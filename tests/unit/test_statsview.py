@@ -1,4 +1,4 @@
-"""The human forms of the counters (pyvmm/statsview.py), from snapshots
+"""The human forms of the counters (pyvmm/vm/statsview.py), from snapshots
 made here: the live view's fixed columns and repeating header, the
 summary's labels, the tap's drops beside pyvmm's, and the JSON records."""
 
@@ -9,8 +9,8 @@ import json
 import re
 import time
 
-from pyvmm import statsview
-from pyvmm.statsview import HEADER_EVERY, LiveView, StatsOutput, is_live_line, summary
+from pyvmm.vm import statsview
+from pyvmm.vm.statsview import HEADER_EVERY, LiveView, StatsOutput, is_live_line, summary
 
 
 def snapshot(seconds: float, k: int = 1, *, shm: bool = True) -> dict:

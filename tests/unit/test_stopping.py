@@ -1,4 +1,4 @@
-"""The one stop and error policy (pyvmm.stopping) that the command and a
+"""The one stop and error policy (pyvmm.common.stopping) that the command and a
 serve child share: what each kind of ending says and the status it gives."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from conftest import ROOT
-from pyvmm import stopping
-from pyvmm.errors import Stopped, UsageError
+from pyvmm.common import stopping
+from pyvmm.common.errors import Stopped, UsageError
 
 
 def test_a_pyvmm_error_is_its_line_and_its_status(capsys):
@@ -66,7 +66,7 @@ def test_a_keyboard_interrupt_without_the_entry_point_is_sigint(capsys):
 ONE_STOP = """
 import os, signal, sys
 sys.path.insert(0, sys.argv[1])
-from pyvmm import stopping
+from pyvmm.common import stopping
 stopping.handle_stop_signals()
 try:
     os.kill(os.getpid(), signal.SIGTERM)

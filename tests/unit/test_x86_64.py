@@ -6,7 +6,7 @@ from __future__ import annotations
 import struct
 
 from pyvmm.arch import x86_64 as x
-from pyvmm.memory import GuestMemory, Protection
+from pyvmm.kvm.memory import GuestMemory, Protection
 
 RX = Protection(read=True, write=False, execute=True)
 RO = Protection(read=True, write=False, execute=False)

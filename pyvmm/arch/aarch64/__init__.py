@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from pyvmm.arch import ExitHandler
-    from pyvmm.errors import GuestFault
+    from pyvmm.common.errors import GuestFault
     from pyvmm.kvm import System, Vcpu, VcpuExit, Vm
-    from pyvmm.memory import GuestMemory, Protection
+    from pyvmm.kvm.memory import GuestMemory, Protection
 
 #: Whether the extension was built for aarch64 (it has arm64's KVM ioctls).
 NATIVE = hasattr(lib, "KVM_ARM_VCPU_INIT")

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 
 from pyvmm._native import lib
 from pyvmm.arch.aarch64 import cpu, mmu, regs
-from pyvmm.errors import GuestFault, HostError
+from pyvmm.common.errors import GuestFault, HostError
 from pyvmm.kvm import Mmio, SystemEvent, UnknownExit
 
 if TYPE_CHECKING:
     from pyvmm.kvm import Vcpu, VcpuExit
-    from pyvmm.memory import GuestMemory
+    from pyvmm.kvm.memory import GuestMemory
 
 KINDS = ("synchronous exception", "IRQ", "FIQ", "SError")
 ORIGINS = ("EL1 with SP_EL0", "EL1", "EL0 (AArch64)", "EL0 (AArch32)")

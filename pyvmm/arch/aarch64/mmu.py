@@ -26,7 +26,7 @@ from collections.abc import Mapping
 
 from pyvmm._native import lib
 from pyvmm.arch.tables import place_page_tables
-from pyvmm.memory import GuestMemory, Protection
+from pyvmm.kvm.memory import GuestMemory, Protection
 
 PAGE = 0x1000
 BLOCK_2M = 0x200000

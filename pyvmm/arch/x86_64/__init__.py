@@ -20,9 +20,9 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from pyvmm.arch import ExitHandler
-    from pyvmm.errors import GuestFault
+    from pyvmm.common.errors import GuestFault
     from pyvmm.kvm import System, Vcpu, VcpuExit, Vm
-    from pyvmm.memory import GuestMemory, Protection
+    from pyvmm.kvm.memory import GuestMemory, Protection
 
 #: Whether the extension was built for x86_64 (it has x86's KVM ioctls).
 NATIVE = hasattr(lib, "KVM_GET_REGS")

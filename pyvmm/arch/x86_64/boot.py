@@ -33,8 +33,8 @@ from pyvmm.arch.x86_64.layout import (  # the TSS's and the trap pages' (re-expo
     TSS_SIZE,
     write_tables,
 )
-from pyvmm.memory import GuestMemory, Protection
-from pyvmm.record import Record
+from pyvmm.common.record import Record
+from pyvmm.kvm.memory import GuestMemory, Protection
 
 PAGE = 0x1000
 LARGE_PAGE = 0x200000

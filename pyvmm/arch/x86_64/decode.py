@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pyvmm.record import Record
+from pyvmm.common.record import Record
 
 MAX_LENGTH = 15  # the architectural limit of one instruction
 

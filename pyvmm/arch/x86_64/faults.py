@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 from pyvmm._native import lib
 from pyvmm.arch.x86_64 import cpu
 from pyvmm.arch.x86_64.boot import LOW_ABSENT_END, LOW_READONLY_END
-from pyvmm.errors import GuestFault, HostError
+from pyvmm.common.errors import GuestFault, HostError
 from pyvmm.kvm import IoIn, IoOut, Shutdown
 
 if TYPE_CHECKING:
     from pyvmm.kvm import Vcpu, VcpuExit
-    from pyvmm.memory import GuestMemory
+    from pyvmm.kvm.memory import GuestMemory
 
 
 def explain(exit: VcpuExit, vcpu: Vcpu, memory: GuestMemory) -> GuestFault | None:

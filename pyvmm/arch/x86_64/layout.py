@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from pyvmm._native import lib
 
 if TYPE_CHECKING:
-    from pyvmm.memory import GuestMemory
+    from pyvmm.kvm.memory import GuestMemory
 
 # Deprivileged mode only (docs/pvm.md): pyvmm's GDT, IDT and trap stubs on
 # one page, its trap stack on the next, both supervisor-only so the guest

@@ -46,12 +46,12 @@ from pyvmm.arch.x86_64.layout import (  # (also read here by debug/regs.py)
     VECTORS,
     frame_address,
 )
-from pyvmm.errors import GuestFault
+from pyvmm.common.errors import GuestFault
 from pyvmm.kvm import IoOut
 
 if TYPE_CHECKING:
     from pyvmm.kvm import Vcpu, VcpuExit
-    from pyvmm.memory import GuestMemory
+    from pyvmm.kvm.memory import GuestMemory
 
 VECTOR_NAMES = {
     0: "#DE", 1: "#DB", 2: "NMI", 3: "#BP", 4: "#OF", 5: "#BR", 6: "#UD", 7: "#NM",
@@ -156,7 +156,7 @@ class TrapEmulator:
         self.shadow = Shadow()
         self.counts: Counter[str] = Counter()
         #: A GDB stub's ``trap_stop(frame, vector, address) -> bool``
-        #: (pyvmm/debug/gdbstub.py): offered the guest's #DB and int3 before
+        #: (pyvmm/vm/debug/gdbstub.py): offered the guest's #DB and int3 before
         #: the guest's own handler; True when they were the debugger's.
         self.debugger: Callable[[Frame, int, int], bool] | None = None
 

@@ -11,6 +11,8 @@ from contextlib import ExitStack
 from typing import Any
 
 from pyvmm._native import lib
+from pyvmm.common.errors import UsageError
+from pyvmm.common.log import log
 from pyvmm.devices import BaseKind, Option, Request
 from pyvmm.devices.block.backend import (
     DEFAULT_BLOCK_SIZE,
@@ -20,10 +22,8 @@ from pyvmm.devices.block.backend import (
     block_size_problem,
 )
 from pyvmm.devices.block.hypercalls import BlockHypercalls
-from pyvmm.errors import UsageError
+from pyvmm.kvm.memory import GuestMemory
 from pyvmm.loader import DeviceType
-from pyvmm.log import log
-from pyvmm.memory import GuestMemory
 
 __all__ = ["BLOCK", "BlockDevice", "MAX_BLOCK_SIZE", "MIN_BLOCK_SIZE"]
 

@@ -16,8 +16,8 @@ import stat
 from collections.abc import Callable
 from typing import Any
 
-from pyvmm.errors import DeviceError
-from pyvmm.fd import OwnedFd
+from pyvmm.common.errors import DeviceError
+from pyvmm.common.fd import OwnedFd
 from pyvmm.loader import BlockAttachment
 
 #: The manifest carries ``block_size`` in a u16, so 32 KiB is the largest

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 
 from pyvmm._native import lib
 from pyvmm.devices.block.backend import BlockDevice
-from pyvmm.memory import GuestMemory
+from pyvmm.kvm.memory import GuestMemory
 
 
 class BlockHypercalls:

@@ -14,19 +14,19 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from pyvmm._native import lib
+from pyvmm.common.log import log
 from pyvmm.devices import BaseKind, DeviceOptions, Option, Request, ServiceSetup
+from pyvmm.devices.iothread import MODES
 from pyvmm.devices.net import transport
 from pyvmm.devices.net.device import NetDevice
 from pyvmm.devices.net.hypercalls import NetHypercalls
 from pyvmm.devices.net.transport import SHM_VALUES, NetPlan
-from pyvmm.iothread import MODES
+from pyvmm.kvm.memory import GuestMemory
 from pyvmm.loader import DeviceType, Kernel
-from pyvmm.log import log
-from pyvmm.memory import GuestMemory
 
 if TYPE_CHECKING:
-    from pyvmm.config import VmConfig
-    from pyvmm.iothread import IoService
+    from pyvmm.devices.iothread import IoService
+    from pyvmm.vm.config import VmConfig
 
 
 class NetKind(BaseKind):

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 
 from pyvmm._native import lib
 from pyvmm.devices.net.device import NetDevice
-from pyvmm.memory import GuestMemory
+from pyvmm.kvm.memory import GuestMemory
 
 OK = lib.HVT_RET_OK
 AGAIN = lib.HVT_RET_AGAIN

@@ -11,12 +11,12 @@ Layout and protocol: csrc/shmstream.h, docs/abi.md, docs/modes.md.
 from __future__ import annotations
 
 from pyvmm._native import ffi, lib
+from pyvmm.common.errors import UsageError
+from pyvmm.common.log import log
+from pyvmm.common.record import Record
+from pyvmm.devices.iothread import IoConfig, IoService
 from pyvmm.devices.net.device import NetDevice
-from pyvmm.errors import UsageError
-from pyvmm.iothread import IoConfig, IoService
-from pyvmm.log import log
-from pyvmm.memory import MIB, PAGE_SIZE, GuestMemory
-from pyvmm.record import Record
+from pyvmm.kvm.memory import MIB, PAGE_SIZE, GuestMemory
 
 REGION_ALIGN = 2 * MIB
 MAX_FRAME = lib.SHM_SLOT_DATA

@@ -11,9 +11,9 @@ answers submissions: writes go to the tap, reads are committed at once.
 from __future__ import annotations
 
 from pyvmm._native import ffi, lib
+from pyvmm.devices.iothread import IoConfig, IoService
 from pyvmm.devices.net.device import NetDevice
-from pyvmm.iothread import IoConfig, IoService
-from pyvmm.memory import MIB, GuestMemory
+from pyvmm.kvm.memory import MIB, GuestMemory
 
 RING_AREA = 2 * MIB
 

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pyvmm._native import ffi, lib
-from pyvmm.errors import DeviceError
-from pyvmm.fd import OwnedFd
-from pyvmm.netns import THREAD_NETNS, setns
+from pyvmm.common.errors import DeviceError
+from pyvmm.common.fd import OwnedFd
+from pyvmm.host.netns import THREAD_NETNS, setns
 
 _T = TypeVar("_T")
 

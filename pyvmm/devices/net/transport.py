@@ -11,18 +11,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pyvmm.config import positive_int
+from pyvmm.common.errors import UsageError
+from pyvmm.common.sizes import MIB
 from pyvmm.devices import DeviceOptions, kind_setting
+from pyvmm.devices.iothread import DEFAULT_HYBRID_BUDGET_US, IoConfig
 from pyvmm.devices.net.shmstream import ShmLayout
 from pyvmm.devices.net.solo5_ring import RING_AREA
-from pyvmm.errors import UsageError
-from pyvmm.iothread import DEFAULT_HYBRID_BUDGET_US, IoConfig
-from pyvmm.sizes import MIB
+from pyvmm.vm.config import positive_int
 
 if TYPE_CHECKING:
-    from pyvmm.config import VmConfig
     from pyvmm.devices import Request
     from pyvmm.loader import Kernel
+    from pyvmm.vm.config import VmConfig
 
 # The IO thread mode when --shm is not given (docs/modes.md says why).
 DEFAULT_SHM_MODE = "event"

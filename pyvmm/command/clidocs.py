@@ -1,6 +1,6 @@
 """The man page (docs/pyvmm.1) and bash completion
 (scripts/pyvmm-completion.bash), made from the option table that --help
-is made from (pyvmm.cli: OPTIONS and the device kinds' Options).
+is made from (pyvmm.command.cli: OPTIONS and the device kinds' Options).
 
     python3 scripts/cli_docs.py          # rewrite both files
     python3 scripts/cli_docs.py --check  # exit 1 if either is stale
@@ -10,8 +10,9 @@ tests/test_cli.py checks that the committed files are what this makes.
 
 from __future__ import annotations
 
-from pyvmm import __version__, cli
-from pyvmm.config import DEFAULT_MEM_MIB
+from pyvmm import __version__
+from pyvmm.command import cli
+from pyvmm.vm.config import DEFAULT_MEM_MIB
 
 
 def roff(text: str) -> str:

@@ -17,7 +17,7 @@ and for a VM's own process under the warm launcher (serve/child.py).
 
 entry.py imports this module before it installs the handlers, so it
 imports nothing heavy: ``_signal`` (not ``signal``, whose enums cost a
-millisecond), ``sys`` and ``pyvmm.errors``.
+millisecond), ``sys`` and ``pyvmm.common.errors``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import _signal
 import os
 import sys
 
-from pyvmm.errors import OutputError, PyvmmError, stop_message
+from pyvmm.common.errors import OutputError, PyvmmError, stop_message
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (docs/startup.md)
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ def contained(body: Callable[[], int], explain: Callable[[PyvmmError], str] = st
                 pass
         say(f"pyvmm: {explain(err)}")
         return err.exit_status
-    except KeyboardInterrupt:  # called without pyvmm.entry (tests, a program)
+    except KeyboardInterrupt:  # called without pyvmm.command.entry (tests, a program)
         say(stop_line(_signal.SIGINT))
         return 128 + _signal.SIGINT
     except Exception as err:
@@ -188,7 +188,7 @@ def setup_logging(level: str) -> None:
     """pyvmm's log lines on stderr, one line each, from ``level`` up."""
     import logging
 
-    from pyvmm.log import log
+    from pyvmm.common.log import log
 
     class _LineFormatter(logging.Formatter):
         def format(self, record: logging.LogRecord) -> str:
@@ -203,8 +203,8 @@ def setup_logging(level: str) -> None:
 
 def defer_logging(level: str) -> None:
     """As ``setup_logging``, but logging is imported only for the first
-    line shown (most runs show none: pyvmm.log)."""
-    from pyvmm.log import log
+    line shown (most runs show none: pyvmm.common.log)."""
+    from pyvmm.common.log import log
 
     log.defer(
         {"error": 40, "warning": 30, "info": 20, "debug": 10}[level],

@@ -32,9 +32,9 @@ import os
 from collections.abc import Callable
 
 from pyvmm._native import ffi, lib
-from pyvmm.errors import GuestFault, HostError
-from pyvmm.record import Record
-from pyvmm.sizes import MIB, PAGE_SIZE
+from pyvmm.common.errors import GuestFault, HostError
+from pyvmm.common.record import Record
+from pyvmm.common.sizes import MIB, PAGE_SIZE
 
 __all__ = ["MIB", "PAGE_SIZE", "GuestMemory", "Protection"]
 

@@ -15,14 +15,14 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING
 
-from pyvmm.debug.regs import guest_registers
-from pyvmm.errors import GuestFault
-from pyvmm.log import INFO, log
+from pyvmm.common.errors import GuestFault
+from pyvmm.common.log import INFO, log
+from pyvmm.vm.debug.regs import guest_registers
 
 if TYPE_CHECKING:
-    from pyvmm.debug.symbols import SymbolFile
     from pyvmm.kvm import Vcpu
-    from pyvmm.memory import GuestMemory
+    from pyvmm.kvm.memory import GuestMemory
+    from pyvmm.vm.debug.symbols import SymbolFile
 
 MAX_FRAMES = 32
 _REGISTERS = (

@@ -21,8 +21,8 @@ import stat
 import struct
 from typing import Any
 
-from pyvmm.errors import PyvmmError
-from pyvmm.sizes import GUEST_MEMORY_LIMIT, MEM_GRANULE, PAGE_SIZE
+from pyvmm.common.errors import PyvmmError
+from pyvmm.common.sizes import GUEST_MEMORY_LIMIT, MEM_GRANULE, PAGE_SIZE
 
 try:  # the built-in module: hashlib's import (OpenSSL) costs a restore ~3 ms
     from _sha256 import sha256

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pyvmm.errors import GuestFault
+from pyvmm.common.errors import GuestFault
+from pyvmm.common.log import DEBUG, log
 from pyvmm.kvm import FailEntry, Hlt, InternalError, MemoryFault, Mmio
-from pyvmm.log import DEBUG, log
 
 if TYPE_CHECKING:
     from pyvmm.arch import Arch
     from pyvmm.kvm import Vcpu, VcpuExit
-    from pyvmm.memory import GuestMemory
+    from pyvmm.kvm.memory import GuestMemory
 
 
 def fault(exit: VcpuExit, arch: Arch, vcpu: Vcpu, memory: GuestMemory) -> GuestFault:

@@ -16,7 +16,7 @@ import os
 import select
 
 from pyvmm._native import ffi, lib
-from pyvmm.errors import PyvmmError
+from pyvmm.common.errors import PyvmmError
 
 #: The largest packet body kept (PacketSize in qSupported, hex there).
 MAX_PACKET = 16384

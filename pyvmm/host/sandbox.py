@@ -30,7 +30,7 @@ import os
 import sys
 
 from pyvmm._native import ffi, lib
-from pyvmm.errors import HostError
+from pyvmm.common.errors import HostError
 
 # What a thread of pyvmm may still ask the kernel for while the guest runs,
 # whatever the arguments. Added in C with argument checks: tgkill (to this
@@ -128,7 +128,7 @@ def _before_the_filter() -> None:
     timeline starts at the process start, which /proc/self/stat tells when
     the native launcher did not (a read once the filter is on would be
     refused)."""
-    from pyvmm import trace
+    from pyvmm.common import trace
 
     if trace.enabled and not trace.start_ns:
         trace.process_start_ns()  # read now, kept for the timeline's end

@@ -15,15 +15,10 @@ import time
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
-from pyvmm import sandbox, trace
 from pyvmm._native import lib
 from pyvmm.arch import ExitHandler
-from pyvmm.config import VmConfig
-from pyvmm.debug.report import annotate as annotate_fault
-from pyvmm.debug.symbols import SymbolFile
-from pyvmm.devices import Device, DeviceKind, Service
-from pyvmm.devices.console import Console, ConsoleClosed
-from pyvmm.errors import (
+from pyvmm.common import trace
+from pyvmm.common.errors import (
     DeviceError,
     GuestFault,
     HostError,
@@ -31,25 +26,31 @@ from pyvmm.errors import (
     Stopped,
     UsageError,
 )
-from pyvmm.faults import fault
+from pyvmm.common.record import replace
+from pyvmm.devices import Device, DeviceKind, Service
+from pyvmm.devices.console import Console, ConsoleClosed
+from pyvmm.host import sandbox
 from pyvmm.hvt.bootinfo import BootInfo
 from pyvmm.hvt.hypercalls import Halt, Hypercalls
 from pyvmm.kvm import Interrupted, IoOut, Mmio, System, VcpuExit
 from pyvmm.kvm.exits import Debug
+from pyvmm.kvm.memory import GuestMemory
 from pyvmm.kvm.stats import KvmStats
 from pyvmm.kvm.system import kvm_flavour
 from pyvmm.loader import load_kernel, page_regions, place
-from pyvmm.memory import GuestMemory
-from pyvmm.plan import Plan, make_plan
-from pyvmm.record import replace
-from pyvmm.stats import HYPERCALL_NAMES, ExitCounters, report
-from pyvmm.statsview import StatsOutput, open_json
+from pyvmm.vm.config import VmConfig
+from pyvmm.vm.debug.report import annotate as annotate_fault
+from pyvmm.vm.debug.symbols import SymbolFile
+from pyvmm.vm.faults import fault
+from pyvmm.vm.plan import Plan, make_plan
+from pyvmm.vm.stats import HYPERCALL_NAMES, ExitCounters, report
+from pyvmm.vm.statsview import StatsOutput, open_json
 
 if TYPE_CHECKING:
-    from pyvmm.debug.core import CoreDir
-    from pyvmm.debug.gdbstub import GdbStub
-    from pyvmm.snapshot.restore import Restore
-    from pyvmm.snapshot.writer import SnapshotTarget
+    from pyvmm.vm.debug.core import CoreDir
+    from pyvmm.vm.debug.gdbstub import GdbStub
+    from pyvmm.vm.snapshot.restore import Restore
+    from pyvmm.vm.snapshot.writer import SnapshotTarget
 
 
 # The signals a core file names (<signal.h>, alike on x86_64 and aarch64).
@@ -175,7 +176,7 @@ class Vmm:
         if self.symbols is not None:
             stack.callback(self.symbols.close)
         if self.config.dumpcore is not None:  # its directory, now; its file: run()
-            from pyvmm.debug.core import CoreDir
+            from pyvmm.vm.debug.core import CoreDir
 
             self.core = CoreDir(self.config.dumpcore, os.uname().machine)
             stack.callback(self.core.close)
@@ -193,7 +194,7 @@ class Vmm:
             None if os.environ.get("PYVMM_PY_HYPERCALLS") else self.hypercalls.fast_path()
         )
         if self.config.snapshot_at is not None:  # its files now, before the sandbox
-            from pyvmm.snapshot.writer import SnapshotTarget
+            from pyvmm.vm.snapshot.writer import SnapshotTarget
 
             self.snapshot = SnapshotTarget.prepare(self.config, plan)
             stack.callback(self.snapshot.close)
@@ -202,7 +203,7 @@ class Vmm:
 
     def _open_snapshot(self, config: VmConfig) -> Restore:
         """--restore: the snapshot read and checked, its settings in ``config``."""
-        from pyvmm.snapshot.restore import Restore
+        from pyvmm.vm.snapshot.restore import Restore
 
         restoring = Restore(config.restore)
         self.stack.callback(restoring.close)
@@ -211,7 +212,7 @@ class Vmm:
         return restoring
 
     def _listen_for_gdb(self, plan: Plan) -> None:
-        from pyvmm.debug.gdbstub import DEFAULT_PORT, Endpoint, GdbStub
+        from pyvmm.vm.debug.gdbstub import DEFAULT_PORT, Endpoint, GdbStub
 
         config = self.config
         if config.gdb_socket is not None and config.gdb_port is not None:

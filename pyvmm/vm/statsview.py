@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from pyvmm import trace
-from pyvmm.errors import UsageError
-from pyvmm.stats import DROP_CAUSES, by_meaning, dropped
+from pyvmm.common import trace
+from pyvmm.common.errors import UsageError
+from pyvmm.vm.stats import DROP_CAUSES, by_meaning, dropped
 
 Snapshot = dict[str, Any]
 

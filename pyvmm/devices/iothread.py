@@ -13,8 +13,8 @@ from contextlib import ExitStack
 
 from pyvmm._native import ffi, lib
 from pyvmm.arch import host_arch
-from pyvmm.errors import HostError
-from pyvmm.record import Record
+from pyvmm.common.errors import HostError
+from pyvmm.common.record import Record
 
 MODES = {"poll": lib.IO_MODE_POLL, "event": lib.IO_MODE_EVENT, "hybrid": lib.IO_MODE_HYBRID}
 # Hybrid mode keeps polling this long without work before sleeping again:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pyvmm.errors import UsageError
+from pyvmm.common.errors import UsageError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (docs/startup.md)
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class VmConfig:
     user: str | None = None
     pin_vcpu: int | None = None
     pin_io: int | None = None
-    # Snapshots (pyvmm/snapshot/): --snapshot-at=first-wait writes one to
+    # Snapshots (pyvmm/vm/snapshot/): --snapshot-at=first-wait writes one to
     # --snapshot-dir=DIR when the guest first waits, then the run goes on
     # (or ends, --snapshot-stop); --restore=DIR resumes one instead of a boot.
     snapshot_at: str | None = None
@@ -67,9 +67,9 @@ class VmConfig:
     stats_interval: float | None = None
     stats_json: str | None = None
     # --dumpcore=DIR: an ELF core of the guest in DIR on a fault or an abort
-    # (pyvmm/debug/core.py).
+    # (pyvmm/vm/debug/core.py).
     dumpcore: str | None = None
-    # --gdb, --gdb-port=N, --gdb-socket=PATH: a GDB stub (pyvmm/debug/gdbstub.py)
+    # --gdb, --gdb-port=N, --gdb-socket=PATH: a GDB stub (pyvmm/vm/debug/gdbstub.py)
     # on 127.0.0.1:gdb_port or the Unix socket gdb_socket.
     gdb: bool = False
     gdb_port: int | None = None

@@ -21,11 +21,11 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from pyvmm import trace
+from pyvmm.common import trace
+from pyvmm.common.sizes import MIB
 from pyvmm.loader import DeviceType, page_protections
-from pyvmm.sizes import MIB
-from pyvmm.snapshot import vcpu as cpu_state
-from pyvmm.snapshot.format import (
+from pyvmm.vm.snapshot import vcpu as cpu_state
+from pyvmm.vm.snapshot.format import (
     FORMAT,
     Field,
     SnapshotError,
@@ -35,14 +35,14 @@ from pyvmm.snapshot.format import (
     read_metadata,
     read_state,
 )
-from pyvmm.snapshot.writer import kernel_identity
+from pyvmm.vm.snapshot.writer import kernel_identity
 
 if TYPE_CHECKING:
-    from pyvmm.config import VmConfig
     from pyvmm.kvm import System, Vcpu
+    from pyvmm.kvm.memory import GuestMemory
     from pyvmm.loader import Kernel
-    from pyvmm.memory import GuestMemory
-    from pyvmm.plan import Plan
+    from pyvmm.vm.config import VmConfig
+    from pyvmm.vm.plan import Plan
 
 #: plan.mode -> the --cpl that asks for it.
 _CPL_OF_MODE = {"kernel": "0", "user": "3", "deprivileged": "deprivileged"}

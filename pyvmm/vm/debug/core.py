@@ -27,13 +27,13 @@ import struct
 import sys
 from typing import TYPE_CHECKING
 
-from pyvmm.debug.regs import USER_REGS, guest_registers
-from pyvmm.errors import GuestFault, HostError
-from pyvmm.sizes import PAGE_SIZE
+from pyvmm.common.errors import GuestFault, HostError
+from pyvmm.common.sizes import PAGE_SIZE
+from pyvmm.vm.debug.regs import USER_REGS, guest_registers
 
 if TYPE_CHECKING:
     from pyvmm.kvm import Vcpu
-    from pyvmm.memory import GuestMemory
+    from pyvmm.kvm.memory import GuestMemory
 
 CORE_PREFIX = "core.solo5-hvt."
 
@@ -170,7 +170,7 @@ class CoreDir:
             self._start_helper()
 
     def _start_helper(self) -> None:
-        from pyvmm.debug import corelink
+        from pyvmm.vm.debug import corelink
 
         to_r, to_w = os.pipe2(os.O_CLOEXEC)
         from_r, from_w = os.pipe2(os.O_CLOEXEC)

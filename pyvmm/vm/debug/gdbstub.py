@@ -18,7 +18,7 @@ How each mode breaks and steps (docs/debugging.md, docs/pvm.md):
   ``int3`` written over the guest's text for a breakpoint;
 - user mode at level 3: neither (no IDT of pyvmm's there), so refused.
 
-Memory goes through the guest-memory accessor (pyvmm/memory.py): an
+Memory goes through the guest-memory accessor (pyvmm/kvm/memory.py): an
 address outside the guest is an ``E`` reply, never a host access. Ctrl-C
 (0x03) while the guest runs: a thread started before the filter watches
 the socket and kicks the vCPU (immediate_exit and a signal to its thread,
@@ -35,17 +35,17 @@ import threading
 from typing import TYPE_CHECKING
 
 from pyvmm._native import ffi, lib
-from pyvmm.debug import gdbregs
-from pyvmm.debug.gdbviews import FaultView, FrameView, VcpuView
-from pyvmm.debug.rsp import MAX_PACKET, Connection, Disconnected, StopRequested, escape
-from pyvmm.errors import GuestFault, HostError, PyvmmError, Stopped, UsageError
-from pyvmm.sizes import PAGE_SIZE
+from pyvmm.common.errors import GuestFault, HostError, PyvmmError, Stopped, UsageError
+from pyvmm.common.sizes import PAGE_SIZE
+from pyvmm.vm.debug import gdbregs
+from pyvmm.vm.debug.gdbviews import FaultView, FrameView, VcpuView
+from pyvmm.vm.debug.rsp import MAX_PACKET, Connection, Disconnected, StopRequested, escape
 
 if TYPE_CHECKING:
     from pyvmm.arch.x86_64.traps import Frame
     from pyvmm.kvm import Vcpu
     from pyvmm.kvm.exits import Debug
-    from pyvmm.memory import GuestMemory
+    from pyvmm.kvm.memory import GuestMemory
 
 DEFAULT_PORT = 1234
 SIGINT, SIGSEGV = 2, 11
@@ -302,10 +302,10 @@ class GdbStub:
 
     def _interrupted_view(self):
         if self.deprivileged:
-            from pyvmm.debug.regs import vcpu_registers
+            from pyvmm.vm.debug.regs import vcpu_registers
 
             if not vcpu_registers(self.vcpu)["cs"] & 3:  # inside pyvmm's trap entry
-                from pyvmm.debug.regs import guest_registers
+                from pyvmm.vm.debug.regs import guest_registers
 
                 return FaultView(guest_registers(self.vcpu, self.memory))
         return VcpuView(self.vcpu)
@@ -361,7 +361,7 @@ class GdbStub:
         resume ends the run with the fault."""
         if not self.attached:
             return
-        from pyvmm.debug.regs import guest_registers
+        from pyvmm.vm.debug.regs import guest_registers
 
         self._halted()
         view = FaultView(guest_registers(self.vcpu, self.memory))

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pyvmm.debug import gdbregs
-from pyvmm.errors import GuestFault
+from pyvmm.common.errors import GuestFault
+from pyvmm.vm.debug import gdbregs
 
 if TYPE_CHECKING:
     from pyvmm.arch.x86_64.traps import Frame
@@ -31,7 +31,7 @@ class VcpuView:
         self.vcpu = vcpu
 
     def read(self) -> dict[str, int]:
-        from pyvmm.debug.regs import vcpu_registers
+        from pyvmm.vm.debug.regs import vcpu_registers
 
         return vcpu_registers(self.vcpu)
 

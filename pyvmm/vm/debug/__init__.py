@@ -5,5 +5,5 @@ them; gdbviews.py: where a stopped guest's registers live), core files
 symbolised fault reports (symbols.py, report.py).
 
 Everything here is set up before the sandbox goes on and reads the guest
-only through the guest-memory accessor (pyvmm/memory.py); docs/debugging.md.
+only through the guest-memory accessor (pyvmm/kvm/memory.py); docs/debugging.md.
 """

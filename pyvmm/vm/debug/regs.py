@@ -13,12 +13,12 @@ import struct
 import sys
 from typing import TYPE_CHECKING
 
-from pyvmm.errors import GuestFault
+from pyvmm.common.errors import GuestFault
 from pyvmm.kvm.ioctl import KvmError
 
 if TYPE_CHECKING:
     from pyvmm.kvm import Vcpu
-    from pyvmm.memory import GuestMemory
+    from pyvmm.kvm.memory import GuestMemory
 
 #: Linux's user_regs_struct (x86_64), the order of an NT_PRSTATUS note.
 USER_REGS = (

@@ -26,16 +26,16 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pyvmm import trace
 from pyvmm._native import ffi, lib
+from pyvmm.common import trace
+from pyvmm.common.errors import GuestFault, PyvmmError, UsageError
+from pyvmm.common.log import log
 from pyvmm.devices import kind_setting
-from pyvmm.errors import GuestFault, PyvmmError, UsageError
 from pyvmm.hvt.hypercalls import Halt
 from pyvmm.kvm import Interrupted
 from pyvmm.loader import DeviceType
-from pyvmm.log import log
-from pyvmm.snapshot import vcpu as cpu_state
-from pyvmm.snapshot.format import (
+from pyvmm.vm.snapshot import vcpu as cpu_state
+from pyvmm.vm.snapshot.format import (
     CPU_STATE,
     FORMAT,
     MEMORY,
@@ -54,13 +54,13 @@ from pyvmm.snapshot.format import (
 
 if TYPE_CHECKING:
     from pyvmm.arch import ExitHandler
-    from pyvmm.config import VmConfig
     from pyvmm.devices import Device, DeviceKind
     from pyvmm.hvt.hypercalls import Hypercalls
     from pyvmm.kvm import Vcpu
+    from pyvmm.kvm.memory import GuestMemory
     from pyvmm.loader import Kernel
-    from pyvmm.memory import GuestMemory
-    from pyvmm.plan import Plan
+    from pyvmm.vm.config import VmConfig
+    from pyvmm.vm.plan import Plan
 
 TRIGGERS = ("first-wait", "sigusr2")
 #: What interrupts KVM_RUN on the vCPU's thread for a SIGUSR2 snapshot (a
@@ -176,7 +176,7 @@ class SnapshotTarget:
     def _start_sweeper(self) -> None:
         """sweeper.py, which removes the directory if no snapshot is taken
         (pyvmm cannot, once the sandbox is on)."""
-        from pyvmm.snapshot import sweeper
+        from pyvmm.vm.snapshot import sweeper
 
         path = os.path.abspath(self.path)
         parent = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -15,13 +15,13 @@ import os
 from collections.abc import Callable
 
 from pyvmm.arch import Arch, host_arch
-from pyvmm.config import VmConfig
+from pyvmm.common.errors import UsageError
+from pyvmm.common.log import INFO, log
+from pyvmm.common.sizes import GUEST_MEMORY_LIMIT, MEM_GRANULE, MIB
 from pyvmm.devices import DeviceKind, KindPlan, Request, kinds, resolve
-from pyvmm.errors import UsageError
 from pyvmm.hvt.bootinfo import join_cmdline
 from pyvmm.loader import Kernel
-from pyvmm.log import INFO, log
-from pyvmm.sizes import GUEST_MEMORY_LIMIT, MEM_GRANULE, MIB
+from pyvmm.vm.config import VmConfig
 
 KernelLoader = Callable[..., Kernel]
 

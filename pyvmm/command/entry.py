@@ -5,7 +5,7 @@ kinds); a Ctrl-C or SIGTERM in that time must end pyvmm like one at any
 other moment: exit status 128 + signal and one line on stderr, never a
 traceback, never a message from whatever the signal interrupted. So this
 module imports nothing of pyvmm's but the trace marks and the stop policy
-(pyvmm.stopping), installs its handler for SIGINT, SIGTERM and SIGHUP
+(pyvmm.common.stopping), installs its handler for SIGINT, SIGTERM and SIGHUP
 before anything else, and only then imports the command: cli.py, or
 pyvmm.serve for the ``serve`` and ``run`` subcommands.
 
@@ -33,11 +33,11 @@ instead of waiting for the interpreter's finalisation (docs/startup.md).
 import _signal
 import sys
 
-from pyvmm import trace
+from pyvmm.common import trace
 
 trace.early("interpreter start")
 
-from pyvmm import stopping  # noqa: E402  (after the mark: the interpreter's own start)
+from pyvmm.common import stopping  # noqa: E402  (after the mark: the interpreter's own start)
 
 #: The warm launcher and its client (pyvmm.serve), the command's first word.
 SUBCOMMANDS = (["serve"], ["run"])
@@ -59,7 +59,7 @@ def main() -> int:
         if argv[:1] in SUBCOMMANDS:
             from pyvmm.serve import main as command
         else:
-            from pyvmm.cli import main as command
+            from pyvmm.command.cli import main as command
         status = command(argv)
         # The status is known: a signal from now on changes nothing (and
         # one that comes first is still caught here).

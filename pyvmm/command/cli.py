@@ -16,7 +16,7 @@ a non-zero exit, never a traceback.
 Every option is one entry of ``OPTIONS`` (pyvmm's core) or an ``Option`` of
 a device kind (pyvmm.devices); --help, the man page (docs/pyvmm.1) and bash
 completion (scripts/pyvmm-completion.bash) are all made from them
-(``usage()`` here, pyvmm/clidocs.py for the other two).
+(``usage()`` here, pyvmm/command/clidocs.py for the other two).
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ import _signal  # signal's constants without the signal module (it imports enum)
 import os
 import sys
 
-from pyvmm import __version__, stopping, trace
-from pyvmm.config import DEFAULT_MEM_MIB, VmConfig, is_decimal
-from pyvmm.errors import OutputError, PyvmmError, UsageError
+from pyvmm import __version__
+from pyvmm.common import stopping, trace
+from pyvmm.common.errors import OutputError, PyvmmError, UsageError
+from pyvmm.vm.config import DEFAULT_MEM_MIB, VmConfig, is_decimal
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (docs/startup.md)
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ trace.early("imports: command line")
 
 CPL_VALUES = ("auto", "0", "3", "deprivileged")
 LOG_LEVELS = ("error", "warning", "info", "debug")
-#: --snapshot-at's triggers (pyvmm/snapshot/writer.py).
+#: --snapshot-at's triggers (pyvmm/vm/snapshot/writer.py).
 SNAPSHOT_TRIGGERS = ("first-wait", "sigusr2")
 _HELP_COLUMN = 32
 #: --help fits a terminal of 80 columns.
@@ -194,13 +195,13 @@ def _pin(cmd: Command, name: str, value: str | None) -> None:
 def _stats(cmd: Command, name: str, value: str | None) -> None:
     cmd.config.stats = True
     if value is not None:
-        from pyvmm.statsview import parse_interval
+        from pyvmm.vm.statsview import parse_interval
 
         cmd.config.stats_interval = parse_interval("--stats", value)
 
 
 def _an_interval(word: str) -> bool:
-    from pyvmm.statsview import parse_interval
+    from pyvmm.vm.statsview import parse_interval
 
     try:
         parse_interval("--stats", word)
@@ -791,7 +792,7 @@ def kernel_hint(cmd: Command, err: PyvmmError) -> str:
     is only ever given with '=')."""
     text = str(err)
     if cmd.kernel_hint and text.startswith(f"{cmd.config.kernel}: "):
-        from pyvmm.errors import LoaderError
+        from pyvmm.common.errors import LoaderError
 
         if isinstance(err, LoaderError):
             return f"{text} ({cmd.kernel_hint})"
@@ -817,7 +818,7 @@ def version_text() -> tuple[str, NoHostFacts | None]:
     KVM cannot be used, the version and what stands in the way."""
     lines = [f"pyvmm {__version__} (Solo5 hvt ABI 2)"]
     try:
-        from pyvmm.host import host_info
+        from pyvmm.command.hostinfo import host_info
         from pyvmm.kvm import System
 
         with System() as kvm:
@@ -864,8 +865,8 @@ def _emit(text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command's exit status, its errors told as pyvmm.stopping says
-    (its ``serve`` and ``run`` subcommands are pyvmm.serve's: pyvmm.entry
+    """The command's exit status, its errors told as pyvmm.common.stopping says
+    (its ``serve`` and ``run`` subcommands are pyvmm.serve's: pyvmm.command.entry
     chooses)."""
     argv = sys.argv[1:] if argv is None else argv
     # SIGUSR1 asks a running guest's counters (statsview.py); before the
@@ -902,11 +903,11 @@ def _command(argv: list[str], parsed: list[Command]) -> int:
         return 0
     stopping.defer_logging(cmd.log_level)
     if cmd.action == "query-manifest":
-        from pyvmm.query import query_manifest
+        from pyvmm.command.query import query_manifest
 
         _emit(query_manifest(cmd.config.kernel, as_json=cmd.json, legacy=True))
         return 0
-    from pyvmm.vmm import run
+    from pyvmm.vm.vmm import run
 
     trace.mark("imports: VMM")
     stopping.check()

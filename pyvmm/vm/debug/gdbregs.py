@@ -10,7 +10,7 @@ and writes to them are ignored; the others are the guest's.
 
 from __future__ import annotations
 
-from pyvmm.record import Record
+from pyvmm.common.record import Record
 
 _GPRS = "rax rbx rcx rdx rsi rdi rbp rsp r8 r9 r10 r11 r12 r13 r14 r15".split()
 _SEGMENTS = "cs ss ds es fs gs".split()

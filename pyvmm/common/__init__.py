@@ -1,0 +1,1 @@
+"""What every layer shares: errors, the log, the trace, sizes, fd ownership."""

@@ -1,0 +1,1 @@
+"""Host services: the seccomp sandbox and network namespaces."""

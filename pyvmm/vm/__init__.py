@@ -1,0 +1,1 @@
+"""One guest run: the plan, the runner, its counters, debugging and snapshots."""
