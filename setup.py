@@ -16,7 +16,7 @@ PROGRAMS = ((LAUNCHER_SOURCE, "_launcher"), (os.path.join("csrc", "oci_front.c")
 #: The launcher as the scripts directory's ``pyvmm``: build_ext runs before
 #: build_scripts, which copies it as it is (no shebang to rewrite), so any
 #: install (a wheel, ``pip install .``, an editable one) gets the native
-#: command rather than a Python wrapper around pyvmm.command.entry:run.
+#: command rather than a Python wrapper around pyvmm.entry:run.
 COMMAND = os.path.join("build", "command", "pyvmm")
 
 

@@ -6,7 +6,7 @@
  * 1. No stop-signal window while the interpreter starts. SIGINT, SIGTERM,
  *    SIGHUP (and SIGUSR1, the counters) are blocked here, before anything
  *    else; a blocked signal stays blocked, and pending, across execve. The
- *    interpreter's start-up therefore cannot be interrupted; pyvmm.command.entry
+ *    interpreter's start-up therefore cannot be interrupted; pyvmm.entry
  *    installs its handlers and only then unblocks them, so a signal sent
  *    at any moment since this program started ends pyvmm with 128 + N
  *    and its one line.
@@ -28,7 +28,7 @@
  *     PYTHON -I -S -c BOOT START_NS ROOT [ARGS...]
  *
  * where START_NS is this program's start on CLOCK_BOOTTIME (the first
- * phase of --trace) and BOOT hands both to pyvmm.command.entry.launched().
+ * phase of --trace) and BOOT hands both to pyvmm.entry.launched().
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -54,7 +54,7 @@ static const char boot[] =
     "else:\n"
     "    import site\n"
     "    site.main()\n"
-    "from pyvmm.command.entry import launched\n"
+    "from pyvmm.entry import launched\n"
     "launched(start)\n";
 
 static void fail_with(const char *what, const char *path, const char *hint)
@@ -107,7 +107,7 @@ int main(int argc, char **argv)
      * boot code ("" as ROOT) adds as site would (a virtual environment's,
      * the .pth files of an editable install). */
     char entry[PATH_MAX + 32];
-    snprintf(entry, sizeof entry, "%s/pyvmm/command/entry.py", root);
+    snprintf(entry, sizeof entry, "%s/pyvmm/entry.py", root);
     int installed_as_command = access(entry, R_OK) != 0;
     /* Its interpreter is the one beside it when there is one (a virtual
      * environment's bin/), as pip's own wrappers name the interpreter that

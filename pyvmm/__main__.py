@@ -1,5 +1,5 @@
-"""``python -m pyvmm`` is the ``pyvmm`` command (pyvmm.command.entry: signals first)."""
+"""``python -m pyvmm`` is the ``pyvmm`` command (pyvmm.entry: signals first)."""
 
-from pyvmm.command.entry import run
+from pyvmm.entry import run
 
 run()

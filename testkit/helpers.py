@@ -122,7 +122,7 @@ BAD_CPL_MESSAGE = f"pyvmm: --cpl: '{BAD_CPL}' is not one of auto, 0, 3, deprivil
 
 
 def handles_stop_signals(pid: int) -> bool:
-    """Whether pyvmm's own stop handlers are in (pyvmm/command/entry.py): SIGTERM
+    """Whether pyvmm's own stop handlers are in (pyvmm/entry.py): SIGTERM
     caught, read from /proc/PID/status (Python alone does not catch it)."""
     import signal
 

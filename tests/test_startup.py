@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, sys.argv.pop(1))
 sys.argv[0] = "pyvmm"
 import os
-from pyvmm.command import entry
+from pyvmm import entry
 out = open(os.environ["PYVMM_MODULES_OUT"], "w")  # before the sandbox
 def report(status, _exit=os._exit):
     out.write("\\n".join(sorted(sys.modules)))

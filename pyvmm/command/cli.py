@@ -28,7 +28,8 @@ import sys
 from pyvmm import __version__
 from pyvmm.common import stopping, trace
 from pyvmm.common.errors import OutputError, PyvmmError, UsageError
-from pyvmm.vm.config import DEFAULT_MEM_MIB, VmConfig, is_decimal
+from pyvmm.common.values import is_decimal
+from pyvmm.vm.config import DEFAULT_MEM_MIB, VmConfig
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (docs/startup.md)
 if TYPE_CHECKING:
@@ -866,7 +867,7 @@ def _emit(text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The command's exit status, its errors told as pyvmm.common.stopping says
-    (its ``serve`` and ``run`` subcommands are pyvmm.serve's: pyvmm.command.entry
+    (its ``serve`` and ``run`` subcommands are pyvmm.serve's: pyvmm.entry
     chooses)."""
     argv = sys.argv[1:] if argv is None else argv
     # SIGUSR1 asks a running guest's counters (statsview.py); before the

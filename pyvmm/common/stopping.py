@@ -153,7 +153,7 @@ def contained(body: Callable[[], int], explain: Callable[[PyvmmError], str] = st
                 pass
         say(f"pyvmm: {explain(err)}")
         return err.exit_status
-    except KeyboardInterrupt:  # called without pyvmm.command.entry (tests, a program)
+    except KeyboardInterrupt:  # called without pyvmm.entry (tests, a program)
         say(stop_line(_signal.SIGINT))
         return 128 + _signal.SIGINT
     except Exception as err:

@@ -19,11 +19,21 @@ from pyvmm.common.errors import UsageError
 if TYPE_CHECKING:
     from pyvmm.kvm.memory import GuestMemory
     from pyvmm.loader import Attachment, DeviceType, Kernel, Manifest
-    from pyvmm.vm.config import VmConfig
 
 
 def text_value(option: str, value: str) -> str:
     return value
+
+
+class RunSettings(Protocol):
+    """What a kind's plan reads of a run's settings (``vm.config.VmConfig``
+    is one): typed here, so the device layer needs nothing from above it."""
+
+    #: The command line's device options (``DeviceOptions``).
+    devices: dict[str, dict[str | None, Any]]
+    mem_mib: int
+    #: The IO thread's CPU (--pin), or None.
+    pin_io: int | None
 
 
 class Option:
@@ -185,7 +195,7 @@ class DeviceKind(Protocol):
         checks, before any file is read)."""
 
     def plan(
-        self, config: VmConfig, kernel: Kernel, requests: list[Request], top: int
+        self, config: RunSettings, kernel: Kernel, requests: list[Request], top: int
     ) -> KindPlan | None:
         """Its decisions for a run: what it reserves below ``top`` (the
         lowest reservation so far, or the end of memory), one line if it
@@ -221,7 +231,7 @@ class BaseKind:
         return None
 
     def plan(
-        self, config: VmConfig, kernel: Kernel, requests: list[Request], top: int
+        self, config: RunSettings, kernel: Kernel, requests: list[Request], top: int
     ) -> KindPlan | None:
         return None
 

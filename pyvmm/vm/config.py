@@ -2,27 +2,11 @@
 
 from __future__ import annotations
 
-from pyvmm.common.errors import UsageError
-
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (docs/startup.md)
 if TYPE_CHECKING:
     from typing import Any
 
 DEFAULT_MEM_MIB = 512
-
-
-def is_decimal(text: str) -> bool:
-    """ASCII digits only (str.isdigit alone accepts other scripts' digits)."""
-    return text.isascii() and text.isdigit()
-
-
-def positive_int(option: str, text: str, most: int | None = None) -> int:
-    """An option's value as a positive decimal integer (ASCII digits only)."""
-    if not is_decimal(text) or int(text) <= 0:
-        raise UsageError(f"{option}: '{text}' is not a positive integer")
-    if most is not None and int(text) > most:
-        raise UsageError(f"{option}: {text} is more than {most}")
-    return int(text)
 
 
 class VmConfig:

@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from pyvmm._native import lib
 from pyvmm.common.log import log
-from pyvmm.devices import BaseKind, DeviceOptions, Option, Request, ServiceSetup
+from pyvmm.devices import (
+    BaseKind,
+    DeviceOptions,
+    Option,
+    Request,
+    RunSettings,
+    ServiceSetup,
+)
 from pyvmm.devices.iothread import MODES
 from pyvmm.devices.net import transport
 from pyvmm.devices.net.device import NetDevice
@@ -26,7 +33,6 @@ from pyvmm.loader import DeviceType, Kernel
 
 if TYPE_CHECKING:
     from pyvmm.devices.iothread import IoService
-    from pyvmm.vm.config import VmConfig
 
 
 class NetKind(BaseKind):
@@ -93,7 +99,9 @@ class NetKind(BaseKind):
     def check_options(self, options: DeviceOptions) -> None:
         transport.check_options(options)
 
-    def plan(self, config: VmConfig, kernel: Kernel, requests: list[Request], top: int) -> NetPlan:
+    def plan(
+        self, config: RunSettings, kernel: Kernel, requests: list[Request], top: int
+    ) -> NetPlan:
         return transport.plan_net(config, kernel, requests, top)
 
     def attach(self, stack: ExitStack, request: Request) -> NetDevice:

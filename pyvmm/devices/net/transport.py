@@ -13,16 +13,15 @@ from typing import TYPE_CHECKING
 
 from pyvmm.common.errors import UsageError
 from pyvmm.common.sizes import MIB
-from pyvmm.devices import DeviceOptions, kind_setting
+from pyvmm.common.values import positive_int
+from pyvmm.devices import DeviceOptions, RunSettings, kind_setting
 from pyvmm.devices.iothread import DEFAULT_HYBRID_BUDGET_US, IoConfig
 from pyvmm.devices.net.shmstream import ShmLayout
 from pyvmm.devices.net.solo5_ring import RING_AREA
-from pyvmm.vm.config import positive_int
 
 if TYPE_CHECKING:
     from pyvmm.devices import Request
     from pyvmm.loader import Kernel
-    from pyvmm.vm.config import VmConfig
 
 # The IO thread mode when --shm is not given (docs/modes.md says why).
 DEFAULT_SHM_MODE = "event"
@@ -98,7 +97,7 @@ class NetPlan:
         return []
 
 
-def plan_net(config: VmConfig, kernel: Kernel, requests: list[Request], top: int) -> NetPlan:
+def plan_net(config: RunSettings, kernel: Kernel, requests: list[Request], top: int) -> NetPlan:
     """Where the net devices' rings go (below ``top``), and in which mode
     the IO thread serves them."""
     options = config.devices
@@ -153,7 +152,7 @@ def choose_shm(requested: str | None, kernel: Kernel, has_nets: bool) -> str:
     return requested or DEFAULT_SHM_MODE
 
 
-def choose_solo5_ring(config: VmConfig, kernel: Kernel, has_nets: bool, shm_mode: str) -> bool:
+def choose_solo5_ring(config: RunSettings, kernel: Kernel, has_nets: bool, shm_mode: str) -> bool:
     """Whether to offer Solo5's ring I/O, as solo5-hvt does unless told not to."""
     shm = kind_setting(config.devices, "shm")
     serve = (
