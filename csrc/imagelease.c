@@ -233,32 +233,16 @@ static struct range *free_range(void)
     return NULL;
 }
 
-int64_t pyvmm_lease_map_view(int slot, uint64_t len, int fd)
+/*
+ * The one way a leased mapping is made: the lease still held and a range
+ * free to watch it, both checked under the lock the notice takes, so a
+ * writer never finds a mapping the table does not know. ``fixed``: over
+ * guest memory at ``*addr`` (pyvmm_map_file's answers); else read-only
+ * anywhere, the address put in ``*addr``.
+ */
+static int map_leased(int slot, uint64_t *addr, uint64_t len, int fd, uint64_t offset, int fixed)
 {
-    struct range *r;
-    sigset_t old;
-    int64_t result;
-
-    if (!installed)
-        return -PYVMM_LEASE_BROKEN;
-    enter(&old);
-    if (!held(slot)) {
-        result = -PYVMM_LEASE_BROKEN;
-    } else if (!(r = free_range())) {
-        result = -ENOSPC;
-    } else {
-        void *p = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
-        result = p == MAP_FAILED ? -errno : (int64_t)(uintptr_t)p;
-        if (result >= 0)
-            *r = (struct range){ (uint64_t)(uintptr_t)p, len, slot };
-    }
-    leave(&old);
-    return result;
-}
-
-int pyvmm_lease_map_fixed(int slot, uint64_t addr, uint64_t len, int fd, uint64_t offset)
-{
-    struct range *r;
+    struct range *r = NULL;
     sigset_t old;
     int result;
 
@@ -269,13 +253,30 @@ int pyvmm_lease_map_fixed(int slot, uint64_t addr, uint64_t len, int fd, uint64_
         result = -PYVMM_LEASE_BROKEN;
     } else if (!(r = free_range())) {
         result = -ENOSPC;
+    } else if (fixed) {
+        result = pyvmm_map_file(*addr, len, fd, offset);
     } else {
-        result = pyvmm_map_file(addr, len, fd, offset);
-        if (result == 0)
-            *r = (struct range){ addr, len, slot };
+        void *p = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+        result = p == MAP_FAILED ? -errno : 0;
+        *addr = (uint64_t)(uintptr_t)p;
     }
+    if (result == 0)
+        *r = (struct range){ *addr, len, slot };
     leave(&old);
     return result;
+}
+
+int64_t pyvmm_lease_map_view(int slot, uint64_t len, int fd)
+{
+    uint64_t addr = 0;
+    int err = map_leased(slot, &addr, len, fd, 0, 0);
+
+    return err ? err : (int64_t)addr;
+}
+
+int pyvmm_lease_map_fixed(int slot, uint64_t addr, uint64_t len, int fd, uint64_t offset)
+{
+    return map_leased(slot, &addr, len, fd, offset, 1);
 }
 
 void pyvmm_lease_forget(uint64_t addr, uint64_t len)
