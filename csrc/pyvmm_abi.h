@@ -47,10 +47,12 @@ struct pyvmm_caps {
 #define PYVMM_FEATURE_BOOT_EXT 65536
 #define PYVMM_BOOT_EXT_GPA 0x10040
 #define PYVMM_BOOT_EXT_MAGIC 0x31585650
+/* The extension's layout below; a guest uses it only at this version. */
+#define PYVMM_BOOT_EXT_VERSION 1
 
 struct pyvmm_boot_ext {
     uint32_t magic;        /* PYVMM_BOOT_EXT_MAGIC, "PVX1" */
-    uint32_t version;      /* 1 */
+    uint32_t version;      /* PYVMM_BOOT_EXT_VERSION */
     uint64_t shm_region;   /* GPA of struct shm_region, 0 if not offered */
     uint64_t shm_size;     /* bytes, a 2 MiB multiple above mem_size */
     uint32_t shm_mode;     /* host IO thread mode: 1 poll, 2 event, 3 hybrid */

@@ -47,7 +47,8 @@
 #define SHM_SLOT_SIZE 2048
 #define SHM_SLOT_HEADER 8
 #define SHM_SLOT_DATA 2040
-#define SHM_DEFAULT_SLOTS 256
+/* The most slots per ring pyvmm offers (--shm-slots; a power of two). */
+#define SHM_MAX_SLOTS 32768
 #define SHM_MAX_DEVICES 16
 #define SHM_REGION_HEADER_SIZE 4096
 

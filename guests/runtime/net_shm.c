@@ -131,7 +131,7 @@ static const char *check_region(const struct pyvmm_boot_ext *ext)
     const struct mft *m = rt_manifest();
     uint64_t base = ext->shm_region, size = ext->shm_size;
 
-    if (ext->version != 1)
+    if (ext->version != PYVMM_BOOT_EXT_VERSION)
         return "boot extension version is not 1";
     if (base % 4096 != 0 || size < SHM_REGION_HEADER_SIZE ||
             size > GUEST_MEM_LIMIT || base > GUEST_MEM_LIMIT - size)

@@ -648,9 +648,14 @@ def _once(cmd: Command, key: tuple[str, str | None], arg: str, shown: str) -> No
     cmd.given[key] = arg
 
 
-def _name_ok(name: str) -> bool:
-    """A device name: 1-67 of [A-Za-z0-9] (Solo5's manifest limit)."""
-    return 0 < len(name) <= 67 and name.isascii() and name.isalnum()
+def _check_name(arg: str, name: str) -> None:
+    """A device name: 1 to MFT_NAME_MAX of [A-Za-z0-9] (Solo5's manifest limit)."""
+    from pyvmm._native import lib  # reached only once a device kind is imported
+
+    if not (0 < len(name) <= lib.MFT_NAME_MAX and name.isascii() and name.isalnum()):
+        raise UsageError(
+            f"{arg}: invalid device name '{name}' (1-{lib.MFT_NAME_MAX} of [A-Za-z0-9])"
+        )
 
 
 def _device_options(devices: dict) -> dict:
@@ -704,8 +709,8 @@ def parse_command(argv: list[str]) -> Command:
             _kind, opt = devices[flag]
             if colon and not opt.named or not colon and not opt.short:
                 raise _invalid(arg)
-            if colon and not _name_ok(name):
-                raise UsageError(f"{arg}: invalid device name '{name}' (1-67 of [A-Za-z0-9])")
+            if colon:
+                _check_name(arg, name)
             if opt.takes_value and given_value is None:
                 i += 1
                 if i >= len(argv):

@@ -89,7 +89,7 @@ class BootInfo(Record):
         if self.host_features & lib.PYVMM_FEATURE_BOOT_EXT:
             ext = memory.struct("struct pyvmm_boot_ext", lib.PYVMM_BOOT_EXT_GPA, setup=True)
             ext.magic = lib.PYVMM_BOOT_EXT_MAGIC
-            ext.version = 1
+            ext.version = lib.PYVMM_BOOT_EXT_VERSION
             ext.shm_region = self.shm_region
             ext.shm_size = self.shm_size
             ext.shm_mode = self.shm_mode

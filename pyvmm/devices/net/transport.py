@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pyvmm._native import lib
 from pyvmm.common.errors import UsageError
 from pyvmm.common.sizes import MIB
 from pyvmm.common.values import positive_int
@@ -39,8 +40,8 @@ def shm_value(name: str, value: str) -> str:
 
 def shm_slots(name: str, value: str) -> int:
     slots = positive_int(name, value)
-    if slots & (slots - 1) or not 2 <= slots <= 32768:
-        raise UsageError(f"{name}: {slots} is not a power of two in [2, 32768]")
+    if slots & (slots - 1) or not 2 <= slots <= lib.SHM_MAX_SLOTS:
+        raise UsageError(f"{name}: {slots} is not a power of two in [2, {lib.SHM_MAX_SLOTS}]")
     return slots
 
 
