@@ -46,7 +46,7 @@ def test_gdt_has_null_code_and_data_as_the_abi_says():
 
 
 def test_user_profile_adds_dpl3_segments():
-    gdt = entries(x.gdt_bytes(x.segments_for(3)))
+    gdt = entries(x.gdt_bytes(x.profile_for(3).segments))
     assert (gdt[0x18 // 8] >> 45) & 3 == 3
     assert (gdt[0x20 // 8] >> 45) & 3 == 3 and (gdt[0x20 // 8] >> 53) & 1
 

@@ -287,10 +287,6 @@ def profile_for(mode: int | str) -> Profile:
     return PROFILES[mode]
 
 
-def segments_for(cpl: int) -> tuple[Segment, ...]:
-    return profile_for(cpl).segments
-
-
 def mode_page_tables(
     regions: list[tuple[int, int, Protection]], cpl: int | str = 0
 ) -> dict[int, bytes]:

@@ -453,11 +453,6 @@ def random_mac() -> bytes:
     return bytes(mac)
 
 
-def format_mac(mac: bytes) -> str:
-    """``b"\\x02\\x00..."`` -> ``"02:00:..."`` for messages and logs."""
-    return ":".join(f"{b:02x}" for b in mac)
-
-
 def _ifname_bytes(name: str) -> bytes | None:
     """The name as the kernel wants it, or None if the kernel would refuse it."""
     raw = name.encode(errors="surrogateescape")
