@@ -18,10 +18,11 @@ import importlib
 import os
 from typing import TYPE_CHECKING, Protocol
 
+from pyvmm.arch.boottables import BootTables
 from pyvmm.common.errors import HostError
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from pyvmm.common.errors import GuestFault
     from pyvmm.kvm import System, Vcpu, VcpuExit, Vm
@@ -100,6 +101,42 @@ class Arch(Protocol):
 
     def registers(self, vcpu: Vcpu) -> str:
         """Every register worth reading after a fault, on one line (-vv)."""
+
+
+class ArchBase:
+    """What every architecture does alike, written once; each writes the
+    rest of ``Arch``. Its boot tables: one ``BootTables`` over its own
+    computation (``compute(regions, mode)``), kept when a warm launcher
+    asks (pyvmm/arch/boottables.py). A hypercall: an exit of its
+    ``hypercall_exit`` type that its ``hypercall_number`` decodes."""
+
+    hypercall_exit: type
+
+    def __init__(
+        self, compute: Callable[[list[tuple[int, int, Protection]], str], dict[int, bytes]]
+    ) -> None:
+        self._boot_tables = BootTables(compute)
+
+    def keep_boot_tables(self, entries: int) -> None:
+        self._boot_tables.keep(entries)
+
+    def boot_tables(
+        self, regions: list[tuple[int, int, Protection]], mode: str
+    ) -> Mapping[int, bytes]:
+        return self._boot_tables.get(regions, mode)
+
+    def hypercall_number(self, exit: VcpuExit) -> int:
+        """The hypercall an exit of ``hypercall_exit``'s type carries, as
+        csrc/hctransport.h decodes it (the C fast path's answer too); 0: none."""
+        raise NotImplementedError
+
+    def hypercall(self, exit: VcpuExit) -> tuple[int, int] | None:
+        # The argument's GPA is the 32-bit value the guest wrote.
+        if type(exit) is self.hypercall_exit:
+            number = self.hypercall_number(exit)
+            if number:
+                return number, exit.value
+        return None
 
 
 def host_arch(machine: str | None = None) -> Arch:

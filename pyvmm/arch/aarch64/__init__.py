@@ -11,16 +11,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pyvmm._native import lib
+from pyvmm.arch import ArchBase
 from pyvmm.arch.aarch64 import cpu, faults, mmu
-from pyvmm.arch.boottables import BootTables
 from pyvmm.kvm import Mmio
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
     from pyvmm.arch import ExitHandler
-    from pyvmm.common.errors import GuestFault
-    from pyvmm.kvm import System, Vcpu, VcpuExit, Vm
+    from pyvmm.kvm import System, Vcpu, Vm
     from pyvmm.kvm.memory import GuestMemory, Protection
 
 #: Whether the extension was built for aarch64 (it has arm64's KVM ioctls).
@@ -33,7 +30,7 @@ DOORBELLS = {
 }
 
 
-class Aarch64:
+class Aarch64(ArchBase):
     machine = "aarch64"
     hypercall_exit = Mmio
     # EL1, the guest's kernel level (as solo5-hvt runs it).
@@ -41,20 +38,12 @@ class Aarch64:
 
     def __init__(self) -> None:
         # One mode: the tables depend on the regions alone.
-        self._boot_tables = BootTables(lambda regions, mode: mmu.translation_tables(regions))
+        super().__init__(lambda regions, mode: mmu.translation_tables(regions))
 
     def prepare_memory(
         self, memory: GuestMemory, regions: list[tuple[int, int, Protection]], mode: str
     ) -> None:
-        mmu.setup_memory(memory, regions, self._boot_tables.get(regions, mode))
-
-    def keep_boot_tables(self, entries: int) -> None:
-        self._boot_tables.keep(entries)
-
-    def boot_tables(
-        self, regions: list[tuple[int, int, Protection]], mode: str
-    ) -> Mapping[int, bytes]:
-        return self._boot_tables.get(regions, mode)
+        mmu.setup_memory(memory, regions, self.boot_tables(regions, mode))
 
     def setup_vcpu(
         self, system: System, vcpu: Vcpu, *, entry: int, stack: int, boot_info: int, mode: str
@@ -69,26 +58,17 @@ class Aarch64:
         # The generic timer's frequency: the guest reads the same CNTFRQ_EL0.
         return lib.pyvmm_arm64_cntfrq()
 
-    def hypercall(self, exit: VcpuExit) -> tuple[int, int] | None:
-        # The transport's one decode (csrc/hctransport.h), the fast path's
-        # too; the argument's GPA is the 32-bit value stored.
-        if type(exit) is Mmio:
-            number = lib.pyvmm_hypercall_mmio(exit.is_write, exit.length, exit.addr)
-            if number:
-                return number, exit.value
-        return None
+    def hypercall_number(self, exit: Mmio) -> int:
+        return lib.pyvmm_hypercall_mmio(exit.is_write, exit.length, exit.addr)
 
     def add_doorbell(self, vm: Vm, eventfd: int, doorbell: int) -> None:
         vm.add_ioeventfd(eventfd, DOORBELLS[doorbell], 4, pio=False)
 
-    def explain(self, exit: VcpuExit, vcpu: Vcpu, memory: GuestMemory) -> GuestFault | None:
-        return faults.explain(exit, vcpu, memory)
-
-    def where(self, vcpu: Vcpu) -> str:
-        return cpu.where(vcpu)
-
-    def registers(self, vcpu: Vcpu) -> str:
-        return cpu.registers(vcpu)
+    # A fault, where the guest is and its registers: read by this
+    # architecture's own modules.
+    explain = staticmethod(faults.explain)
+    where = staticmethod(cpu.where)
+    registers = staticmethod(cpu.registers)
 
 
 ARCH = Aarch64()

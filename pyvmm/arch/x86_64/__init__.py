@@ -10,44 +10,33 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pyvmm._native import lib
-from pyvmm.arch.boottables import BootTables
+from pyvmm.arch import ArchBase
 from pyvmm.arch.x86_64 import cpu, faults
 from pyvmm.arch.x86_64.boot import *  # noqa: F403  (the layout, for tests and docs)
 from pyvmm.arch.x86_64.boot import DEPRIVILEGED, PROFILES, mode_page_tables, setup_memory
 from pyvmm.kvm import IoOut
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
     from pyvmm.arch import ExitHandler
-    from pyvmm.common.errors import GuestFault
-    from pyvmm.kvm import System, Vcpu, VcpuExit, Vm
+    from pyvmm.kvm import System, Vcpu, Vm
     from pyvmm.kvm.memory import GuestMemory, Protection
 
 #: Whether the extension was built for x86_64 (it has x86's KVM ioctls).
 NATIVE = hasattr(lib, "KVM_GET_REGS")
 
 
-class X86_64:
+class X86_64(ArchBase):
     machine = "x86_64"
     hypercall_exit = IoOut
     modes = {name: profile.cpl for name, profile in PROFILES.items()}
 
     def __init__(self) -> None:
-        self._boot_tables = BootTables(mode_page_tables)
+        super().__init__(mode_page_tables)
 
     def prepare_memory(
         self, memory: GuestMemory, regions: list[tuple[int, int, Protection]], mode: str
     ) -> None:
-        setup_memory(memory, regions, mode, tables=self._boot_tables.get(regions, mode))
-
-    def keep_boot_tables(self, entries: int) -> None:
-        self._boot_tables.keep(entries)
-
-    def boot_tables(
-        self, regions: list[tuple[int, int, Protection]], mode: str
-    ) -> Mapping[int, bytes]:
-        return self._boot_tables.get(regions, mode)
+        setup_memory(memory, regions, mode, tables=self.boot_tables(regions, mode))
 
     def setup_vcpu(
         self, system: System, vcpu: Vcpu, *, entry: int, stack: int, boot_info: int, mode: str
@@ -65,26 +54,17 @@ class X86_64:
     def cycle_freq(self, vcpu: Vcpu) -> int:
         return cpu.tsc_khz(vcpu) * 1000
 
-    def hypercall(self, exit: VcpuExit) -> tuple[int, int] | None:
-        # The transport's one decode (csrc/hctransport.h), the fast path's
-        # too; the argument's GPA is the 32-bit value written.
-        if type(exit) is IoOut:
-            number = lib.pyvmm_hypercall_pio(exit.size, exit.count, exit.port)
-            if number:
-                return number, exit.value
-        return None
+    def hypercall_number(self, exit: IoOut) -> int:
+        return lib.pyvmm_hypercall_pio(exit.size, exit.count, exit.port)
 
     def add_doorbell(self, vm: Vm, eventfd: int, doorbell: int) -> None:
         vm.add_ioeventfd(eventfd, doorbell, 4, pio=True)
 
-    def explain(self, exit: VcpuExit, vcpu: Vcpu, memory: GuestMemory) -> GuestFault | None:
-        return faults.explain(exit, vcpu, memory)
-
-    def where(self, vcpu: Vcpu) -> str:
-        return cpu.where(vcpu)
-
-    def registers(self, vcpu: Vcpu) -> str:
-        return cpu.registers(vcpu)
+    # A fault, where the guest is and its registers: read by this
+    # architecture's own modules.
+    explain = staticmethod(faults.explain)
+    where = staticmethod(cpu.where)
+    registers = staticmethod(cpu.registers)
 
 
 ARCH = X86_64()
