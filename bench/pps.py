@@ -4,7 +4,7 @@
                          [--modes off-py,off,poll,event,hybrid] [--pin]
                          [--guest PATH] [--cpl auto,0,deprivileged]
                          [--ring-guest PATH] [--ring-modes event] [--budgets 50,2000]
-                         [--peer NAME=PATH [--peer-guest PATH]]
+                         [--checkout NAME=DIR] [--peer NAME=PATH [--peer-guest PATH]]
                          [--sender packet|udp] [--no-tx] [--no-latency]
                          [--out PREFIX] [--quick]
     python3 bench/pps.py --redraw PREFIX.json
@@ -33,6 +33,10 @@ checks every payload byte; a frame with a bad pattern is an error). Rows:
 - Solo5's ring path (--ring-guest: udpsink.c built against Solo5's own
   bindings, which has no shmstream driver, so with a shm mode pyvmm's IO
   thread serves it Solo5's ring I/O), rows `s5ring-MODE` (--ring-modes);
+- another copy of pyvmm (--checkout NAME=DIR: DIR a checkout with its
+  extension and launcher built): each pyvmm row again as `NAME:ROW`, run
+  by DIR/pyvmm/_launcher, interleaved with this checkout's rows (a before
+  and after of a change in one run);
 - other tenders (--peer NAME=PATH, e.g. solo5-hvt=/path/to/solo5-hvt),
   run as `PATH --mem=512 --net:service0=tap100 --net-mac:service0=MAC --
   GUEST ARGS` with --peer-guest or pyvmm's udpsink.hvt (which runs on a
@@ -140,10 +144,10 @@ class Tender:
         env = None
         if case["tender"] == "pyvmm":
             shm = case["shm"]
+            # Another checkout's rows run through its own launcher (--checkout).
+            launch = [case["launcher"]] if case.get("launcher") else [sys.executable, "-m", "pyvmm"]
             argv = [
-                sys.executable,
-                "-m",
-                "pyvmm",
+                *launch,
                 f"--stats={interval}",
                 f"--stats-json={self.stats_path}",
                 f"--cpl={case['cpl']}",
@@ -658,6 +662,13 @@ def cases(args) -> list[dict]:
                         "guest": args.ring_guest,
                     }
                 )
+    for checkout in args.checkout:
+        name, _, path = checkout.partition("=")
+        launcher = Path(path) / "pyvmm" / "_launcher"
+        if not name or not launcher.exists():
+            raise SystemExit(f"--checkout {checkout}: give NAME=DIR, DIR a built pyvmm checkout")
+        for row in [r for r in rows if r["tender"] == "pyvmm" and not r.get("launcher")]:
+            rows.append(dict(row, label=f"{name}:{row['label']}", launcher=str(launcher)))
     for peer in args.peer:
         name, _, path = peer.partition("=")
         if not path:
@@ -853,6 +864,13 @@ def main() -> int:
         default="event",
         help="s5ring rows' modes (poll, event, hybrid; default event: with poll a Solo5 "
         "ring guest receives ~1%% as much, docs/modes.md)",
+    )
+    parser.add_argument(
+        "--checkout",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="also run every pyvmm row with the pyvmm checkout in DIR (its own launcher)",
     )
     parser.add_argument("--peer", action="append", default=[], metavar="NAME=PATH")
     parser.add_argument("--peer-guest", type=Path, help="the peer's receiving guest")
