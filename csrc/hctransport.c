@@ -2,10 +2,23 @@
 #include "hctransport.h"
 #include "hvt_abi.h"
 
-/* The slots: 0, Solo5's hypercalls and the one reserved for tests. */
+/* Numbers past Solo5's that a device kind of this run answers (bit n),
+ * set before the vCPU runs: none for every guest but a test kind's. */
+static uint64_t extra_slots;
+
+int pyvmm_hypercall_set_extra(uint64_t numbers)
+{
+    uint64_t solo5 = (2ULL << HVT_HYPERCALL_MAX) - 1;   /* bits 0..MAX */
+    if (numbers & solo5)
+        return -1;
+    extra_slots = numbers;
+    return 0;
+}
+
+/* The slots: 0, Solo5's hypercalls and those a kind of this run answers. */
 static int is_slot(uint64_t n)
 {
-    return n <= HVT_HYPERCALL_MAX || n == HVT_HYPERCALL_PYVMM_TEST;
+    return n <= HVT_HYPERCALL_MAX || (n < 64 && (extra_slots >> n) & 1);
 }
 
 int32_t pyvmm_hypercall_pio_slot(uint32_t size, uint32_t count, uint32_t port)

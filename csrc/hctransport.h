@@ -9,8 +9,10 @@
  *   aarch64  one 32-bit store of the argument's GPA to
  *            HVT_HYPERCALL_MMIO_BASE + (n << 3)
  *
- * A hypercall's number n is 1..HVT_HYPERCALL_MAX, or the one reserved for
- * pyvmm's tests (HVT_HYPERCALL_PYVMM_TEST); the GPA is the value written.
+ * A hypercall's number n is 1..HVT_HYPERCALL_MAX, or a number past those
+ * that a device kind of this run answers (pyvmm_hypercall_set_extra: the
+ * test-only kind's HVT_HYPERCALL_PYVMM_TEST; none otherwise, so such a
+ * write is a port access as solo5-hvt says); the GPA is the value written.
  * Both transports are compiled on every machine (they are only arithmetic
  * on an exit's fields), so each is checked on any host.  Read by cffi.
  */
@@ -18,6 +20,13 @@
 #define PYVMM_HCTRANSPORT_H
 
 #include <stdint.h>
+
+/*
+ * The numbers past HVT_HYPERCALL_MAX (bit n, n < 64) that this run's
+ * hypercall table answers, replacing the previous set; -1 (and nothing
+ * changed) if a bit names one of Solo5's own.
+ */
+int pyvmm_hypercall_set_extra(uint64_t numbers);
 
 /*
  * The hypercall slot a port write (size bytes, count elements, to port)

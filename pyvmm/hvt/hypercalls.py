@@ -76,6 +76,12 @@ class Hypercalls:
         }
         for kind, devices in self.kinds:
             self.table |= kind.hypercalls(memory, devices)
+        # The transport decodes a number past Solo5's only when this table
+        # answers it (csrc/hctransport.h); any other such write stays a
+        # port access, as solo5-hvt reports it.
+        extra = sum(1 << n for n in self.table if n > lib.HVT_HYPERCALL_MAX)
+        if lib.pyvmm_hypercall_set_extra(extra) != 0:
+            raise ValueError(f"hypercall numbers {extra:#x} overlap Solo5's own")
 
     def fast_path(self):
         """These hypercalls as the C fast path sees them (hvt/fastpath.py)."""
