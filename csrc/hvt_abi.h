@@ -48,7 +48,7 @@ enum hvt_hypercall {
  * Reserved for pyvmm's own tests (testkit/devkind: a test-only device
  * kind), outside Solo5's 1..HVT_HYPERCALL_MAX: no Solo5 guest makes it,
  * and pyvmm answers it only in a test process that registered that kind;
- * anywhere else it is an unknown hypercall, which ends the run.
+ * anywhere else the write is a stray port access (csrc/hctransport.h).
  */
 #define HVT_HYPERCALL_PYVMM_TEST 15
 
