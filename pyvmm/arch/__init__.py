@@ -38,6 +38,10 @@ ARCHES = {"x86_64": "x86_64", "aarch64": "aarch64"}
 #: and emulated (docs/pvm.md).
 MODES = ("kernel", "user", "deprivileged")
 
+#: What a fault's line says where KVM will not give the registers (reading
+#: them is best effort: the fault is still reported).
+REGISTERS_UNAVAILABLE = "registers unavailable"
+
 
 class ExitHandler(Protocol):
     def handle(self, exit: VcpuExit) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pyvmm._native import ffi, lib
+from pyvmm.arch import REGISTERS_UNAVAILABLE
 from pyvmm.arch.aarch64 import mmu, regs
 from pyvmm.kvm.ioctl import KvmError, ioctl
 
@@ -68,7 +69,7 @@ def where(vcpu: Vcpu) -> str:
             pc = get(vcpu, regs.core("elr_el1"))
         far = get(vcpu, regs.sysreg("far_el1"))
     except KvmError:
-        return "registers unavailable"
+        return REGISTERS_UNAVAILABLE
     return f"pc={pc:#x} sp={sp:#x} far={far:#x}"
 
 
@@ -86,5 +87,5 @@ def registers(vcpu: Vcpu) -> str:
         for name in ("esr_el1", "far_el1", "sctlr_el1", "tcr_el1", "ttbr0_el1", "vbar_el1"):
             values[name] = get(vcpu, regs.sysreg(name))
     except KvmError:
-        return "registers unavailable"
+        return REGISTERS_UNAVAILABLE
     return " ".join(f"{name}={value:#x}" for name, value in values.items())

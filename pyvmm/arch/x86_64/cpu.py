@@ -10,6 +10,7 @@ import errno
 from typing import TYPE_CHECKING
 
 from pyvmm._native import ffi, lib
+from pyvmm.arch import REGISTERS_UNAVAILABLE
 from pyvmm.arch.x86_64.boot import (
     PML4_BASE,
     SEG_TYPE_TSS64_BUSY,
@@ -35,16 +36,27 @@ CR4_FSGSBASE = 1 << 16
 EFER_LME = 1 << 8
 EFER_LMA = 1 << 10
 EFER_NXE = 1 << 11
-RFLAGS_RESERVED = 1 << 1
-RFLAGS_IOPL3 = 3 << 12
+# RFLAGS (the start state here, the deprivileged guest's in traps.py).
+RFLAGS_RESERVED = 1 << 1  # always set
+RFLAGS_TF = 1 << 8
+RFLAGS_IF = 1 << 9
+RFLAGS_IOPL = 3 << 12  # the field; all of it set: IOPL 3
+RFLAGS_NT = 1 << 14
+RFLAGS_RF = 1 << 16
+RFLAGS_VM = 1 << 17
 
 CPUID_MAX_ENTRIES = 256
 
 
+def _read(vcpu: Vcpu, struct: str, request: int, call: str):
+    """A new ``struct`` (a cffi type name) filled by the vCPU ioctl ``request``."""
+    value = ffi.new(f"{struct} *")
+    ioctl(vcpu.fd, request, value, call=call)
+    return value
+
+
 def get_regs(vcpu: Vcpu):
-    regs = ffi.new("struct kvm_regs *")
-    ioctl(vcpu.fd, lib.KVM_GET_REGS, regs, call="KVM_GET_REGS")
-    return regs
+    return _read(vcpu, "struct kvm_regs", lib.KVM_GET_REGS, "KVM_GET_REGS")
 
 
 def set_regs(vcpu: Vcpu, regs) -> None:
@@ -52,9 +64,7 @@ def set_regs(vcpu: Vcpu, regs) -> None:
 
 
 def get_sregs(vcpu: Vcpu):
-    sregs = ffi.new("struct kvm_sregs *")
-    ioctl(vcpu.fd, lib.KVM_GET_SREGS, sregs, call="KVM_GET_SREGS")
-    return sregs
+    return _read(vcpu, "struct kvm_sregs", lib.KVM_GET_SREGS, "KVM_GET_SREGS")
 
 
 def set_sregs(vcpu: Vcpu, sregs) -> None:
@@ -97,13 +107,21 @@ def _ask_supported_cpuid(system: System):
             nent *= 2
 
 
+def _state(vcpu: Vcpu):
+    """(regs, sregs) for a fault's line, or None: reading them is best
+    effort, a fault must still be reported without them."""
+    try:
+        return get_regs(vcpu), get_sregs(vcpu)
+    except KvmError:
+        return None
+
+
 def where(vcpu: Vcpu) -> str:
     """Where the guest is, for fault messages (best effort)."""
-    try:
-        regs = get_regs(vcpu)
-        sregs = get_sregs(vcpu)
-    except KvmError:
-        return "registers unavailable"
+    state = _state(vcpu)
+    if state is None:
+        return REGISTERS_UNAVAILABLE
+    regs, sregs = state
     return f"rip={regs.rip:#x} rsp={regs.rsp:#x} cr2={sregs.cr2:#x}"
 
 
@@ -112,11 +130,10 @@ _GPRS = "rax rbx rcx rdx rsi rdi rbp rsp r8 r9 r10 r11 r12 r13 r14 r15 rip rflag
 
 def registers(vcpu: Vcpu) -> str:
     """The general registers and the control state, for the debug log."""
-    try:
-        regs = get_regs(vcpu)
-        sregs = get_sregs(vcpu)
-    except KvmError:
-        return "registers unavailable"
+    state = _state(vcpu)
+    if state is None:
+        return REGISTERS_UNAVAILABLE
+    regs, sregs = state
     parts = [f"{name}={getattr(regs, name):#x}" for name in _GPRS]
     parts += [f"{seg}={getattr(sregs, seg).selector:#x}" for seg in ("cs", "ss", "ds", "fs")]
     parts += [f"fs_base={sregs.fs.base:#x}"]
@@ -181,7 +198,7 @@ def setup_vcpu(
     set_sregs(vcpu, sregs)
     # Every field of kvm_regs is set (the GPRs zero): nothing to read first.
     regs = ffi.new("struct kvm_regs *")
-    regs.rflags = RFLAGS_RESERVED | (RFLAGS_IOPL3 if profile.iopl3 else 0)
+    regs.rflags = RFLAGS_RESERVED | (RFLAGS_IOPL if profile.iopl3 else 0)
     regs.rip = entry
     regs.rsp = stack
     regs.rdi = boot_info

@@ -34,6 +34,15 @@ from typing import TYPE_CHECKING
 
 from pyvmm.arch.x86_64 import cpu
 from pyvmm.arch.x86_64.boot import DEPRIVILEGED, GUEST_CODE, GUEST_DATA, Segment
+from pyvmm.arch.x86_64.cpu import (
+    RFLAGS_IF,
+    RFLAGS_IOPL,
+    RFLAGS_NT,
+    RFLAGS_RESERVED,
+    RFLAGS_RF,
+    RFLAGS_TF,
+    RFLAGS_VM,
+)
 from pyvmm.arch.x86_64.decode import GPR, DecodeError, Instruction, Memory, decode
 from pyvmm.arch.x86_64.faults import explain_page_fault
 from pyvmm.arch.x86_64.layout import (  # (also read here by debug/regs.py)
@@ -60,12 +69,6 @@ VECTOR_NAMES = {
 }  # fmt: skip
 GP, UD, PF, BP, DB = 13, 6, 14, 3, 1
 
-RFLAGS_TF = 1 << 8
-RFLAGS_IF = 1 << 9
-RFLAGS_IOPL = 3 << 12
-RFLAGS_NT = 1 << 14
-RFLAGS_RF = 1 << 16
-RFLAGS_VM = 1 << 17
 PF_USER = 1 << 2
 
 MSR_FS_BASE = 0xC0000100
@@ -323,7 +326,7 @@ class TrapEmulator:
         frame.cs = self._real_segment(frame, cs & 0xFFFF, GUEST_CODE).selector | 3
         frame.ss = self._real_segment(frame, ss & 0xFFFF, GUEST_DATA).selector | 3
         self.shadow.interrupts = bool(rflags & RFLAGS_IF)
-        frame.rflags = (rflags & ~(RFLAGS_IF | RFLAGS_IOPL | RFLAGS_VM)) | 2
+        frame.rflags = _guest_rflags(rflags)
         frame.rip, frame.rsp = rip, rsp
         return False
 
@@ -452,7 +455,7 @@ class TrapEmulator:
                 f"guest fault: return to a non-canonical address "
                 f"(rip={frame.rip:#x} rsp={frame.rsp:#x})"
             )
-        rflags = (frame.rflags & ~(RFLAGS_IF | RFLAGS_IOPL | RFLAGS_VM)) | 2
+        rflags = _guest_rflags(frame.rflags)
         words = (frame.rip, GUEST_CODE.selector | 3, rflags, frame.rsp, GUEST_DATA.selector | 3)
         at = TRAP_STACK_TOP - 8 * FRAME_WORDS
         self.memory.write(at, struct.pack(f"<{FRAME_WORDS}Q", *words), what="trap frame")
@@ -460,6 +463,13 @@ class TrapEmulator:
             cpu.set_sregs(self.vcpu, frame.sregs)
         if frame.regs_dirty:
             cpu.set_regs(self.vcpu, frame.regs)
+
+
+def _guest_rflags(rflags: int) -> int:
+    """The flags the guest runs on with, from the ones it asked for: IF,
+    IOPL and VM are pyvmm's (IF lives in the shadow state), the reserved
+    bit always set."""
+    return (rflags & ~(RFLAGS_IF | RFLAGS_IOPL | RFLAGS_VM)) | RFLAGS_RESERVED
 
 
 def _canonical(address: int) -> bool:
