@@ -66,6 +66,14 @@ class ManifestEntry(Record):
         self.type = type
 
 
+def _field(what: str, value: int, bits: int, least: int = 1) -> int:
+    """``value`` checked against its manifest field (an unsigned of
+    ``bits``; ``least`` the smallest a guest can use)."""
+    if not least <= value < 1 << bits:
+        raise ValueError(f"{what} {value} does not fit the manifest's u{bits}")
+    return value
+
+
 class NetAttachment(Record):
     """What the guest learns about an attached network device."""
 
@@ -75,10 +83,8 @@ class NetAttachment(Record):
     def __init__(self, mac: bytes, mtu: int) -> None:
         if len(mac) != 6:
             raise ValueError(f"a MAC address is 6 bytes, not {len(mac)}")
-        if not 0 < mtu <= 0xFFFF:
-            raise ValueError(f"MTU {mtu} does not fit the manifest's u16")
         self.mac = mac
-        self.mtu = mtu
+        self.mtu = _field("MTU", mtu, 16)
 
 
 class BlockAttachment(Record):
@@ -88,12 +94,8 @@ class BlockAttachment(Record):
     type = DeviceType.BLOCK
 
     def __init__(self, capacity: int, block_size: int) -> None:
-        if not 0 <= capacity < 1 << 64:
-            raise ValueError(f"capacity {capacity} does not fit the manifest's u64")
-        if not 0 < block_size <= 0xFFFF:
-            raise ValueError(f"block size {block_size} does not fit the manifest's u16")
-        self.capacity = capacity
-        self.block_size = block_size
+        self.capacity = _field("capacity", capacity, 64, least=0)
+        self.block_size = _field("block size", block_size, 16)
 
 
 class BareAttachment(Record):
