@@ -1,6 +1,7 @@
 /*
  * Waiting for readable fds with a nanosecond timeout (ppoll): the poll
- * hypercall's wait, the GDB stub's, the console's.  Read by cffi.
+ * hypercall's wait (with its deadline), the GDB stub's, the console's.
+ * Read by cffi.
  */
 #ifndef PYVMM_FDWAIT_H
 #define PYVMM_FDWAIT_H
@@ -28,5 +29,16 @@
  * timeout) or -errno (-EINVAL for a set too large, -EINTR on a signal).
  */
 int pyvmm_wait_readable(const int *fds, int nfds, int64_t timeout_ns, uint64_t *ready);
+
+/*
+ * The poll hypercall's wait (the fast path's and Python's): like
+ * pyvmm_wait_readable, but ``timeout_ns`` is kept as a deadline, never
+ * overslept by the kernel's slack on poll timeouts (fdwait.c says why),
+ * however long.
+ */
+int pyvmm_poll_until(const int *fds, int nfds, int64_t timeout_ns, uint64_t *ready);
+/* How long pyvmm_poll_until's next ppoll waits with this much time left
+ * (for tests/unit/test_poll_deadline.py). */
+int64_t pyvmm_poll_step(int64_t remaining_ns);
 
 #endif

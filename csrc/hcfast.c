@@ -8,10 +8,13 @@
 #include <linux/kvm.h>
 
 #include "arch.h"
+#include "fdwait.h"
 #include "guard.h"
 #include "hcfast.h"
 #include "hvt_abi.h"
 #include "iothread.h"
+#include "kvm_run.h"
+#include "signals.h"
 #include "spin.h"
 #include "static_check.h"
 #include "tap_io.h"
@@ -55,55 +58,6 @@ enum { ANSWERED, PYTHON };
  * its batches, also across one pause of the sender.
  */
 #define POLL_IDLE_NS 200000
-
-/*
- * A poll hypercall's timeout is a deadline, and ppoll's own timeout is not
- * quite one: Linux lets a poll-family timeout expire late by an estimate
- * of its accuracy (fs/select.c: 0.1% of the time left, 0.5% for a niced
- * thread, at least the thread's timer slack, 50 us by default, at most
- * 100 ms), to batch wake-ups.  A guest's 1 s yield came back 1.1-1.2 ms
- * late (solo5-hvt, whose deadline is a timerfd, 0.1-0.2 ms).  So a long
- * wait is cut into steps that end before the deadline even that late:
- * each waits the time left less the largest such slack, and once it is
- * short (POLL_EXACT_NS: its slack is the timer slack) the last waits all
- * of it.  A wait that ends on time costs one more (short) ppoll; one ended
- * by a frame or a signal costs nothing more.
- */
-#define POLL_EXACT_NS 10000000LL          /* 10 ms: 0.5% of it is 50 us */
-#define POLL_SLACK_DIVISOR 200            /* 0.5%, the niced estimate */
-#define POLL_SLACK_MAX_NS 100000000LL     /* fs/select.c's MAX_SLACK */
-
-int64_t pyvmm_poll_step(int64_t remaining_ns)
-{
-    int64_t slack;
-
-    if (remaining_ns <= POLL_EXACT_NS)
-        return remaining_ns > 0 ? remaining_ns : 0;
-    slack = remaining_ns / POLL_SLACK_DIVISOR;
-    if (slack > POLL_SLACK_MAX_NS)
-        slack = POLL_SLACK_MAX_NS;
-    return remaining_ns - slack;
-}
-
-int pyvmm_poll_until(const int *fds, int nfds, int64_t timeout_ns, uint64_t *ready)
-{
-    /* The deadline from now, the host's earliest look at the request. */
-    int64_t now = (int64_t)clock_ns(CLOCK_MONOTONIC), deadline, left;
-    int r;
-
-    if (timeout_ns <= 0)
-        return pyvmm_wait_readable(fds, nfds, 0, ready);
-    deadline = timeout_ns > INT64_MAX - now ? INT64_MAX : now + timeout_ns;
-    for (left = timeout_ns;;) {
-        r = pyvmm_wait_readable(fds, nfds, pyvmm_poll_step(left), ready);
-        if (r != 0)
-            return r;   /* ready, a signal (-EINTR) or a failure */
-        now = (int64_t)clock_ns(CLOCK_MONOTONIC);
-        if (now >= deadline)
-            return 0;
-        left = deadline - now;
-    }
-}
 
 /* The host address of [gpa, gpa + len) for access PYVMM_GM_*, or NULL. */
 static uint8_t *guest(const struct pyvmm_fastpath *fp, uint64_t gpa, uint64_t len, int access)

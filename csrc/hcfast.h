@@ -13,7 +13,8 @@
  * messages and the rules stay in one place (pyvmm/hvt/hypercalls.py) and
  * this file only has to agree with them on the clean case.
  *
- * Read by cffi like native.h: plain types, literal array sizes.
+ * Read by cffi on its own, as every header in build_native.py's
+ * SHARED_HEADERS is: plain types, literal array sizes.
  */
 #ifndef PYVMM_HCFAST_H
 #define PYVMM_HCFAST_H
@@ -21,7 +22,7 @@
 #include <stdint.h>
 
 #include "guestmem.h"
-#include "native.h"
+#include "kvm_run.h"
 
 /* The poll set's limit: fdwait.h's PYVMM_WAIT_MAX_FDS (a literal here and
  * in the arrays below for cffi, checked against it in hcfast.c). */
@@ -63,16 +64,6 @@ struct pyvmm_fastpath {
     /* Poll's state: the last wait blocked POLL_IDLE_NS or longer. */
     uint32_t poll_idle;
 };
-
-/*
- * The poll hypercall's wait (here and in Python): like pyvmm_wait_readable,
- * but ``timeout_ns`` is kept as a deadline, never overslept by the
- * kernel's slack on poll timeouts (hcfast.c says why), however long.
- */
-int pyvmm_poll_until(const int *fds, int nfds, int64_t timeout_ns, uint64_t *ready);
-/* How long pyvmm_poll_until's next ppoll waits with this much time left
- * (for tests/unit/test_poll_deadline.py). */
-int64_t pyvmm_poll_step(int64_t remaining_ns);
 
 /*
  * KVM_RUN until an exit this fast path does not answer, then decode it into

@@ -16,10 +16,22 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from pyvmm._native import ffi, lib
+from pyvmm.common.errors import HostError
 
 if TYPE_CHECKING:
     from pyvmm.devices import Device, DeviceKind, Service
     from pyvmm.kvm.memory import GuestMemory
+
+
+def check_poll_set(nfds: int) -> None:
+    """Refuse a poll set larger than the one limit both waits take
+    (csrc/fdwait.h), when the set is built: before the guest runs, not at
+    its first poll hypercall."""
+    if nfds > lib.PYVMM_WAIT_MAX_FDS:
+        raise HostError(
+            f"the poll hypercall would wait on {nfds} fds (the stop eventfd, each IO "
+            f"service's wake eventfd, each device's fd): at most {lib.PYVMM_WAIT_MAX_FDS}"
+        )
 
 
 def build(
@@ -34,8 +46,7 @@ def build(
     eventfds); the rings of the one service that gives the C poll a view
     of them, if any. The structs it points at (``memory.view``, a
     service's ``poll_view``) live as long as ``memory`` and the service."""
-    if len(poll) > lib.PYVMM_FAST_MAX_POLL:
-        raise ValueError(f"a poll set of {len(poll)} fds (at most {lib.PYVMM_FAST_MAX_POLL})")
+    check_poll_set(len(poll))
     fp = ffi.new("struct pyvmm_fastpath *")
     fp.mem = memory.view
     views = [s.poll_view for s in services if s.poll_view != ffi.NULL]

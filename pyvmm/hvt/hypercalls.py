@@ -64,6 +64,7 @@ class Hypercalls:
         first = [stop_fd, *(s.wake_fd for s in self.services)]
         self._poll_first = len(first)
         fds = first + [waits[h] for h in self._poll_handles]
+        fastpath.check_poll_set(len(fds))
         self._poll_fds = ffi.new("int[]", fds)
         self._poll_nfds = len(fds)
         # A bit per fd of the poll set, 64 to a word (csrc/fdwait.h).
@@ -109,7 +110,7 @@ class Hypercalls:
             ready |= service.ready_set()
         if ready:
             timeout = 0
-        # A deadline, as the C fast path keeps it (csrc/hcfast.c).
+        # A deadline, as the C fast path keeps it (csrc/fdwait.c).
         found = lib.pyvmm_poll_until(self._poll_fds, self._poll_nfds, timeout, self._ready)
         if found < 0 and found != -errno.EINTR:  # EINTR: a stop signal, seen by the run loop
             raise GuestFault(f"poll hypercall: wait failed: {os.strerror(-found)}")

@@ -2,7 +2,7 @@
 of a long wait ends before the deadline even as late as Linux lets a poll
 timeout expire (fs/select.c: 0.1% of the time left, 0.5% for a niced
 thread, at least the timer slack, at most 100 ms), and the last one is
-short enough that its slack is the timer slack alone (csrc/hcfast.c).
+short enough that its slack is the timer slack alone (csrc/fdwait.c).
 The arithmetic is checked here, not the machine's timing."""
 
 from __future__ import annotations
