@@ -35,6 +35,12 @@ if TYPE_CHECKING:
     from pyvmm.devices.iothread import IoService
 
 
+def _plan_option(flag: str, metavar: str, help: str, **more: Any) -> Option:
+    """An option of the kind's own plan (``--shm``): given once for the
+    run in its nameless form, checked even with no device attached."""
+    return Option(flag, metavar, help, short=True, named=False, per_device=False, **more)
+
+
 class NetKind(BaseKind):
     label = "net"
     type = DeviceType.NET
@@ -49,49 +55,37 @@ class NetKind(BaseKind):
             complete="interface",
         ),
         Option("net-mac", "HWADDR", "guest MAC address of net device NAME"),
-        Option(
+        _plan_option(
             "shm",
             "off|poll|event|hybrid",
             "shmstream ring networking for guests with a\n"
             "shmstream driver: the IO thread's mode\n"
             "(default event; off = plain hypercalls)",
             parse=transport.shm_value,
-            short=True,
-            named=False,
-            per_device=False,
             complete="|".join(SHM_VALUES),
             after="--cpl",
         ),
-        Option(
+        _plan_option(
             "hybrid-budget",
             "US",
             "hybrid mode: keep polling this many\n"
             "microseconds without work before sleeping\n"
             "(default 2000)",
             parse=transport.hybrid_budget,
-            short=True,
-            named=False,
-            per_device=False,
             after="--cpl",
         ),
-        Option(
+        _plan_option(
             "no-net-ring",
             "",
             "do not offer Solo5's ring I/O to Solo5 v0.11+\nunikernels (as solo5-hvt's option)",
-            short=True,
-            named=False,
-            per_device=False,
             after="--cpl",
         ),
-        Option(
+        _plan_option(
             "shm-slots",
             "N",
             "slots per ring, a power of two (default: as\n"
             "many as fit in 1/8 of guest memory, <= 4096)",
             parse=transport.shm_slots,
-            short=True,
-            named=False,
-            per_device=False,
             after="--gdb-socket",
         ),
     )
