@@ -1,9 +1,10 @@
 """ELF64 parsing of a unikernel image, treating every byte as untrusted.
 
 This is the only module that knows the ELF header layouts (a public standard,
-parsed with ``struct``); everything above it works with the validated
-``ElfImage``. Any malformed input ends in a one-line ``LoaderError`` that
-names the file, never in an ``IndexError`` or ``struct.error`` traceback.
+parsed with ``struct``; the core writer, vm/debug/core.py, packs with the
+same ones); everything above it works with the validated ``ElfImage``.
+Any malformed input ends in a one-line ``LoaderError`` that names the
+file, never in an ``IndexError`` or ``struct.error`` traceback.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from pyvmm.common.errors import LoaderError
 from pyvmm.common.record import Record
 
 # Elf64_Ehdr, Elf64_Phdr and Elf64_Nhdr, little-endian.
-_EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
-_PHDR = struct.Struct("<IIQQQQQQ")
-_NHDR = struct.Struct("<III")
+EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
+PHDR = struct.Struct("<IIQQQQQQ")
+NHDR = struct.Struct("<III")
 
 ELF_MAGIC = b"\x7fELF"
 ELFCLASS32 = 1
@@ -26,6 +27,9 @@ ELFDATA2LSB = 1
 ELFDATA2MSB = 2
 EV_CURRENT = 1
 ET_EXEC = 2
+ET_CORE = 4
+EM_X86_64 = 62
+EM_AARCH64 = 183
 PT_LOAD = 1
 PT_NOTE = 4
 PN_XNUM = 0xFFFF
@@ -46,7 +50,7 @@ MAX_NOTE_BYTES = 1 << 20
 # the page tables) small whatever the file says.
 MAX_PROGRAM_HEADERS = 512
 
-MACHINES = {62: "x86_64", 183: "aarch64"}
+MACHINES = {EM_X86_64: "x86_64", EM_AARCH64: "aarch64"}
 
 _ET_NAMES = {
     0: "ET_NONE (no file type)",
@@ -171,7 +175,7 @@ def parse_elf(data: bytes, name: str) -> ElfImage:
     if len(data) < len(ELF_MAGIC) or data[:4] != ELF_MAGIC:
         raise fail("not an ELF file")
     if len(data) < 16:
-        raise fail(f"truncated ELF (file header is {len(data)} bytes, need {_EHDR.size})")
+        raise fail(f"truncated ELF (file header is {len(data)} bytes, need {EHDR.size})")
     ei_class, ei_data, ei_version = data[4], data[5], data[6]
     if ei_class == ELFCLASS32:
         raise fail("32-bit ELF file, need ELF64")
@@ -181,8 +185,8 @@ def parse_elf(data: bytes, name: str) -> ElfImage:
         raise fail("big-endian ELF file, need little-endian")
     if ei_data != ELFDATA2LSB:
         raise fail(f"unknown ELF data encoding {ei_data}, need little-endian")
-    if len(data) < _EHDR.size:
-        raise fail(f"truncated ELF (file header is {len(data)} bytes, need {_EHDR.size})")
+    if len(data) < EHDR.size:
+        raise fail(f"truncated ELF (file header is {len(data)} bytes, need {EHDR.size})")
     (
         _ident,
         e_type,
@@ -198,7 +202,7 @@ def parse_elf(data: bytes, name: str) -> ElfImage:
         _e_shentsize,
         _e_shnum,
         _e_shstrndx,
-    ) = _EHDR.unpack_from(data, 0)
+    ) = EHDR.unpack_from(data, 0)
     if ei_version != EV_CURRENT:
         raise fail(f"unsupported ELF version {ei_version}")
     if e_version != EV_CURRENT:
@@ -206,20 +210,20 @@ def parse_elf(data: bytes, name: str) -> ElfImage:
     if e_type != ET_EXEC:
         kind = _ET_NAMES.get(e_type, f"{e_type:#x}")
         raise fail(f"ELF type is {kind}, need ET_EXEC (a static executable)")
-    if e_ehsize != _EHDR.size:
-        raise fail(f"bad ELF header size {e_ehsize}, need {_EHDR.size}")
+    if e_ehsize != EHDR.size:
+        raise fail(f"bad ELF header size {e_ehsize}, need {EHDR.size}")
     if e_phnum == 0:
         raise fail("no program headers")
     if e_phnum == PN_XNUM:
         raise fail("too many program headers (PN_XNUM is not supported)")
     if e_phnum > MAX_PROGRAM_HEADERS:
         raise fail(f"too many program headers ({e_phnum}, at most {MAX_PROGRAM_HEADERS})")
-    if e_phentsize != _PHDR.size:
-        raise fail(f"bad program header size {e_phentsize}, need {_PHDR.size}")
+    if e_phentsize != PHDR.size:
+        raise fail(f"bad program header size {e_phentsize}, need {PHDR.size}")
 
     # The whole table first, so a cut-off file is reported as exactly that.
-    if e_phoff + e_phnum * _PHDR.size > len(data):
-        missing = max(0, (len(data) - e_phoff) // _PHDR.size)
+    if e_phoff + e_phnum * PHDR.size > len(data):
+        missing = max(0, (len(data) - e_phoff) // PHDR.size)
         raise fail(f"truncated ELF (program header {missing} past end of file)")
 
     view = memoryview(data).toreadonly()
@@ -227,8 +231,8 @@ def parse_elf(data: bytes, name: str) -> ElfImage:
     notes: list[Note] = []
     note_bytes = 0
     for index in range(e_phnum):
-        p_type, p_flags, p_offset, p_vaddr, p_paddr, p_filesz, p_memsz, _align = _PHDR.unpack_from(
-            data, e_phoff + index * _PHDR.size
+        p_type, p_flags, p_offset, p_vaddr, p_paddr, p_filesz, p_memsz, _align = PHDR.unpack_from(
+            data, e_phoff + index * PHDR.size
         )
         if p_type == PT_LOAD and p_filesz != 0:
             if p_filesz > p_memsz:
@@ -294,9 +298,9 @@ def _parse_notes(
     """
     pos, end = offset, offset + size
     # Fewer bytes than a note header left over is segment padding, not a note.
-    while end - pos >= _NHDR.size:
-        namesz, descsz, n_type = _NHDR.unpack_from(data, pos)
-        name_at = pos + _NHDR.size
+    while end - pos >= NHDR.size:
+        namesz, descsz, n_type = NHDR.unpack_from(data, pos)
+        name_at = pos + NHDR.size
         desc_at = name_at + _align4(namesz)
         desc_end = desc_at + descsz
         if desc_end > end:

@@ -29,6 +29,22 @@ from typing import TYPE_CHECKING
 
 from pyvmm.common.errors import GuestFault, HostError
 from pyvmm.common.sizes import PAGE_SIZE
+from pyvmm.loader.elf import (
+    EHDR,
+    ELF_MAGIC,
+    ELFCLASS64,
+    ELFDATA2LSB,
+    EM_X86_64,
+    ET_CORE,
+    EV_CURRENT,
+    NHDR,
+    PF_R,
+    PF_W,
+    PF_X,
+    PHDR,
+    PT_LOAD,
+    PT_NOTE,
+)
 from pyvmm.vm.debug.regs import USER_REGS, guest_registers
 
 if TYPE_CHECKING:
@@ -37,14 +53,9 @@ if TYPE_CHECKING:
 
 CORE_PREFIX = "core.solo5-hvt."
 
-# <elf.h>
-_ET_CORE, _PT_LOAD, _PT_NOTE, _NT_PRSTATUS = 4, 1, 4, 1
-_EM_X86_64 = 62
+# <elf.h>, beyond what the loader reads (pyvmm/loader/elf.py).
+_NT_PRSTATUS = 1
 _ELFOSABI_STANDALONE = 255
-_PF_RWX = 7
-_EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
-_PHDR = struct.Struct("<IIQQQQQQ")
-_NHDR = struct.Struct("<III")
 _NOTE_NAME = b"CORE\0\0\0\0"  # a multiple of the word size, as Solo5 writes it
 
 # Linux's x86_64 struct elf_prstatus: pr_info (3 ints), pr_cursig, the
@@ -86,15 +97,17 @@ def trap_registers(memory: GuestMemory, cookie: int) -> dict[str, int]:
 def headers(mem_size: int, note: bytes) -> bytes:
     """The ELF header, PT_NOTE and PT_LOAD headers and the note, which the
     guest's memory follows at ``_MEMORY_OFFSET``."""
-    ident = b"\x7fELF" + bytes([2, 1, 1, _ELFOSABI_STANDALONE]) + bytes(8)
-    phoff = _EHDR.size
-    note_off = phoff + 2 * _PHDR.size
-    desc = _NHDR.pack(len(_NOTE_NAME), len(note), _NT_PRSTATUS) + _NOTE_NAME + note
-    ehdr = _EHDR.pack(
-        ident, _ET_CORE, _EM_X86_64, 1, 0, phoff, 0, 0, _EHDR.size, _PHDR.size, 2, 0, 0, 0
+    ident = ELF_MAGIC + bytes([ELFCLASS64, ELFDATA2LSB, EV_CURRENT, _ELFOSABI_STANDALONE])
+    ident += bytes(8)  # e_ident's padding, to its 16 bytes
+    phoff = EHDR.size
+    note_off = phoff + 2 * PHDR.size
+    desc = NHDR.pack(len(_NOTE_NAME), len(note), _NT_PRSTATUS) + _NOTE_NAME + note
+    ehdr = EHDR.pack(
+        ident, ET_CORE, EM_X86_64, EV_CURRENT, 0, phoff, 0, 0, EHDR.size, PHDR.size, 2, 0, 0, 0
     )
-    pnote = _PHDR.pack(_PT_NOTE, 0, note_off, 0, 0, len(desc), len(desc), 0)
-    pload = _PHDR.pack(_PT_LOAD, _PF_RWX, _MEMORY_OFFSET, 0, 0, mem_size, mem_size, PAGE_SIZE)
+    pnote = PHDR.pack(PT_NOTE, 0, note_off, 0, 0, len(desc), len(desc), 0)
+    rwx = PF_R | PF_W | PF_X
+    pload = PHDR.pack(PT_LOAD, rwx, _MEMORY_OFFSET, 0, 0, mem_size, mem_size, PAGE_SIZE)
     out = ehdr + pnote + pload + desc
     if len(out) > _MEMORY_OFFSET:
         raise ValueError("core headers do not fit in a page")
