@@ -400,19 +400,11 @@ def link_stats(ifindex: int, fd: int | None = None, seq: int = 1) -> dict[str, i
     os.write(
         fd, _NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_GETSTATS, NLM_F_REQUEST, seq, 0) + body
     )
-    for _ in range(16):  # a late answer to an earlier request is skipped
+    for _ in range(16):
         reply = os.read(fd, 1 << 16)
-        if len(reply) < _NLMSGHDR.size:
-            raise OSError(errno.EPROTO, "short netlink reply")
-        length, kind, _flags, got, _pid = _NLMSGHDR.unpack_from(reply)
-        if got != seq:
-            continue
-        if kind == NLMSG_ERROR:
-            code = -struct.unpack_from("i", reply, _NLMSGHDR.size)[0]
-            raise OSError(code, os.strerror(code))
-        if kind != RTM_NEWSTATS:
-            raise OSError(errno.EPROTO, f"unexpected netlink message type {kind}")
-        attrs = _rtattrs(reply[_NLMSGHDR.size + _IF_STATS_MSG.size : length])
+        if len(reply) >= _NLMSGHDR.size and _NLMSGHDR.unpack_from(reply)[3] != seq:
+            continue  # a late answer to an earlier request
+        attrs = _netlink_attrs(reply, RTM_NEWSTATS, _IF_STATS_MSG)
         data = attrs.get(IFLA_STATS_LINK_64)
         if data is None:
             raise OSError(errno.EPROTO, "no IFLA_STATS_LINK_64 in the reply")
@@ -522,15 +514,23 @@ def _tun_link_data(raw: bytes) -> dict[int, bytes]:
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as nl:
         nl.send(request)
         reply = nl.recv(1 << 16)
+    attrs = _netlink_attrs(reply, RTM_NEWLINK, _IFINFOMSG)
+    linkinfo = _rtattrs(attrs.get(IFLA_LINKINFO, b""))
+    return _rtattrs(linkinfo.get(IFLA_INFO_DATA, b""))
+
+
+def _netlink_attrs(reply: bytes, wanted: int, fixed: struct.Struct) -> dict[int, bytes]:
+    """The top-level attributes of one netlink answer, a ``wanted`` message
+    whose fixed part is ``fixed``; the kernel's refusal as its OSError."""
+    if len(reply) < _NLMSGHDR.size:
+        raise OSError(errno.EPROTO, "short netlink reply")
     length, kind, _flags, _seq, _pid = _NLMSGHDR.unpack_from(reply)
     if kind == NLMSG_ERROR:
         code = -struct.unpack_from("i", reply, _NLMSGHDR.size)[0]
         raise OSError(code, os.strerror(code))
-    if kind != RTM_NEWLINK:
+    if kind != wanted:
         raise OSError(errno.EPROTO, f"unexpected netlink message type {kind}")
-    attrs = _rtattrs(reply[_NLMSGHDR.size + _IFINFOMSG.size : length])
-    linkinfo = _rtattrs(attrs.get(IFLA_LINKINFO, b""))
-    return _rtattrs(linkinfo.get(IFLA_INFO_DATA, b""))
+    return _rtattrs(reply[_NLMSGHDR.size + fixed.size : length])
 
 
 def _rtattrs(data: bytes) -> dict[int, bytes]:
