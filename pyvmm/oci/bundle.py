@@ -177,22 +177,23 @@ def load_config(bundle: str) -> dict:
     return config
 
 
-def _object(parent: dict, key: str, what: str) -> dict:
+def _member(parent: dict, key: str, what: str, kind: type, noun: str):
+    """An optional member of JSON type ``kind`` (``noun`` in the error):
+    absent or null reads as an empty one."""
     value = parent.get(key)
     if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise BundleError(f"config.json: {what} is not an object")
+        return kind()
+    if not isinstance(value, kind):
+        raise BundleError(f"config.json: {what} is not {noun}")
     return value
+
+
+def _object(parent: dict, key: str, what: str) -> dict:
+    return _member(parent, key, what, dict, "an object")
 
 
 def _list(parent: dict, key: str, what: str) -> list:
-    value = parent.get(key)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise BundleError(f"config.json: {what} is not a list")
-    return value
+    return _member(parent, key, what, list, "a list")
 
 
 def _strings(value: object, what: str) -> dict[str, str]:
