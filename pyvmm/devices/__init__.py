@@ -3,9 +3,12 @@
 As in Solo5's tender modules, a kind registers its command-line options,
 attaches and checks its devices against the manifest, answers its own
 hypercalls, and reports the fds the poll hypercall waits on and its
-counters. The CLI, the plan, the runner and the hypercall table iterate
-over ``kinds()``; none of them names a kind, so a new device kind touches
-only its own module and the tuple in ``kinds()`` (docs/architecture.md).
+counters; one with rings also plans its area at the top of guest memory,
+starts its IO-thread service and fills its part of the C fast path. The
+CLI, the plan, the runner and the hypercall table iterate over
+``kinds()``; none of them names a kind, so a new device kind touches its
+own folder, its entry in ``kinds()`` (or ``register()``, for tests) and
+its manifest type (docs/architecture.md lists the files).
 """
 
 from __future__ import annotations
