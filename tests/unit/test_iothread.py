@@ -4,7 +4,8 @@ A non-blocking AF_UNIX SOCK_SEQPACKET socketpair stands in for the tap (one
 frame per read or write); the "guest" is this test, driving its side of the
 rings with the same shm_test_* operations the guest driver compiles.  The
 rings live inside one buffer between guard areas, so any host write outside
-the ring, or into a part of the ring the host does not own, shows.
+the ring, or into a part of the ring the host does not own, shows (the rig:
+testkit/iorig.py's ShmRig).
 
 Covered: one pass of the services (io_test_service) moving frames both ways intact and in batches of
 IO_BATCH; exact drop accounting (full RX ring, oversize frames, bad TX
@@ -34,28 +35,17 @@ from hypothesis import strategies as st
 
 from pyvmm._native import ffi, lib
 from pyvmm.vm.stats import drop_counters
+from testkit.iorig import BAD, COUNTERS, MASK, NEAR_WRAP, OFF_CONS, OFF_PROD, SLOT_DATA, SLOT_SIZE
+from testkit.iorig import ShmRig as Rig
 from testkit.native import lib as kit
 
-MASK = 0xFFFFFFFF
-BAD = kit.SHM_TEST_BAD
-SLOT_DATA = lib.SHM_SLOT_DATA
-SLOT_SIZE = lib.SHM_SLOT_SIZE
 BATCH = lib.IO_BATCH
-HEADER = 3 * lib.SHM_CACHE_LINE  # ring header: producer, consumer, info lines
-GUARD = 4096
-GUARD_BYTES = np.frombuffer(b"\xde\xad\xbe\xef" * (GUARD // 4), dtype=np.uint8)
-COUNTERS = [name for name, _ in ffi.typeof("struct shm_counters").fields]
 MODES = {"poll": lib.IO_MODE_POLL, "event": lib.IO_MODE_EVENT, "hybrid": lib.IO_MODE_HYBRID}
-NEAR_WRAP = 2**32 - 5
 
 # Ring field offsets, from the header via cffi rather than hand-computed.
-OFF_PROD = ffi.offsetof("struct shm_ring", "prod")
-OFF_CONS = ffi.offsetof("struct shm_ring", "cons")
 OFF_SLEEPING = ffi.offsetof("struct shm_ring", "cons_sleeping")
 OFF_SLOTS = ffi.offsetof("struct shm_ring", "slots")
 OFF_SLOT_SIZE = ffi.offsetof("struct shm_ring", "slot_size")
-OFF_LEN = ffi.offsetof("struct shm_slot", "len")
-OFF_DATA = ffi.offsetof("struct shm_slot", "data")
 
 _PATTERN = bytes(i % 251 for i in range(2 * SLOT_DATA + 70000))
 
@@ -96,182 +86,6 @@ def eventfd_count(fd: int) -> int:
         return os.eventfd_read(fd)
     except BlockingIOError:
         return 0
-
-
-class Rig:
-    """Two rings between guard areas, a socketpair backend, an iothread.
-
-    Layout of `mem`: guard | RX ring | guard | TX ring | guard, 64-aligned.
-    The guest's private indices are rx_cons and tx_prod.  The backend is the
-    host end of a socketpair (the test holds `peer`), or `backend_fd`.
-    """
-
-    def __init__(
-        self,
-        slots: int = 8,
-        *,
-        mode: int = lib.IO_MODE_EVENT,
-        budget_us: int = 200,
-        start_rx: int = NEAR_WRAP,
-        start_tx: int = NEAR_WRAP,
-        kick: bool = True,
-        wake: bool = True,
-        backend_fd: int | None = None,
-    ) -> None:
-        self.slots = slots
-        self.ring_size = int(kit.shm_test_ring_size(slots))
-        total = 3 * GUARD + 2 * self.ring_size
-        self._raw = ffi.new("uint8_t[]", total + 64)
-        align = -int(ffi.cast("uintptr_t", self._raw)) % 64
-        self.mem = np.frombuffer(ffi.buffer(self._raw), dtype=np.uint8)[align : align + total]
-        base = ffi.cast("uint8_t *", self._raw) + align
-        self.rx_off = GUARD
-        self.tx_off = 2 * GUARD + self.ring_size
-        self.guards = [
-            (0, GUARD),
-            (self.rx_off + self.ring_size, GUARD),
-            (self.tx_off + self.ring_size, GUARD),
-        ]
-        for start, size in self.guards:
-            self.mem[start : start + size] = GUARD_BYTES[:size]
-        self.rx = ffi.cast("struct shm_ring *", base + self.rx_off)
-        self.tx = ffi.cast("struct shm_ring *", base + self.tx_off)
-        for ring, start in ((self.rx, start_rx), (self.tx, start_tx)):
-            ring.prod = ring.cons = start
-            ring.slots = slots
-            ring.slot_size = SLOT_SIZE
-        self.rx_cons = start_rx
-        self.tx_prod = start_tx
-
-        self.host, self.peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        for sock in (self.host, self.peer):
-            sock.setblocking(False)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        self.kick = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) if kick else -1
-        self.wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) if wake else -1
-        self.io = lib.io_create(mode, budget_us, -1, self.kick, self.wake)
-        assert self.io != ffi.NULL
-        backend = self.host.fileno() if backend_fd is None else backend_fd
-        self.port = lib.io_add_link(self.io, backend, self.rx, self.tx, slots)
-        assert self.port == 0
-        self.counters = lib.io_link_counters(self.io, self.port)
-        self.stats = lib.io_thread_stats(self.io)
-        self.guest_kicks = 0
-        self._hung = False
-
-    # -- lifetime ---------------------------------------------------------------
-
-    def start(self) -> None:
-        assert lib.io_start(self.io) == 0
-
-    def stop(self, seconds: float = 30.0) -> float:
-        """io_stop on a helper thread, so a hang fails instead of hanging."""
-        t0 = time.monotonic()
-        stopper = threading.Thread(target=lib.io_stop, args=(self.io,), daemon=True)
-        stopper.start()
-        stopper.join(seconds)
-        if stopper.is_alive():
-            self._hung = True
-            pytest.fail(f"io_stop did not return within {seconds} s")
-        return time.monotonic() - t0
-
-    def close(self) -> None:
-        if self.io is None:
-            return
-        if not self._hung:
-            self.stop()
-            lib.io_destroy(self.io)
-        self.io = None
-        self.host.close()
-        self.peer.close()
-        for fd in (self.kick, self.wake):
-            if fd >= 0:
-                os.close(fd)
-
-    # -- what the test looks at ---------------------------------------------------
-
-    def count(self) -> dict[str, int]:
-        return {name: getattr(self.counters, name) for name in COUNTERS}
-
-    def guards_intact(self) -> bool:
-        return all(
-            np.array_equal(self.mem[start : start + size], GUARD_BYTES[:size])
-            for start, size in self.guards
-        )
-
-    def host_writable(self) -> np.ndarray:
-        """Bytes the host may write during a pass: RX prod, RX slot
-        lengths and data, TX cons.  Never a TX slot, never a guest field."""
-        ok = np.zeros(len(self.mem), dtype=bool)
-        ok[self.rx_off + OFF_PROD : self.rx_off + OFF_PROD + 4] = True
-        ok[self.tx_off + OFF_CONS : self.tx_off + OFF_CONS + 4] = True
-        for i in range(self.slots):
-            slot = self.rx_off + HEADER + i * SLOT_SIZE
-            ok[slot + OFF_LEN : slot + OFF_LEN + 4] = True
-            ok[slot + OFF_DATA : slot + SLOT_SIZE] = True
-        return ok
-
-    def rx_slot(self, index: int) -> object:
-        return ffi.cast("struct shm_slot *", kit.shm_test_slot(self.rx, index & MASK, self.slots))
-
-    def tx_slot(self, index: int) -> object:
-        return ffi.cast("struct shm_slot *", kit.shm_test_slot(self.tx, index & MASK, self.slots))
-
-    # -- the backend (tap) side -------------------------------------------------
-
-    def backend_send(self, frames: list[bytes]) -> None:
-        for f in frames:
-            assert self.peer.send(f) == len(f)
-
-    def backend_receive(self) -> list[bytes]:
-        out = []
-        while True:
-            try:
-                out.append(self.peer.recv(1 << 17))
-            except BlockingIOError:
-                return out
-
-    # -- the guest side ---------------------------------------------------------
-
-    def guest_receive(self, limit: int | None = None) -> list[bytes]:
-        avail = kit.shm_test_cons_avail(self.rx, self.rx_cons, self.slots)
-        assert avail != BAD, "the host published an impossible RX index"
-        if limit is not None:
-            avail = min(avail, limit)
-        out = []
-        for _ in range(avail):
-            slot = self.rx_slot(self.rx_cons)
-            assert 1 <= slot.len <= SLOT_DATA
-            out.append(ffi.buffer(slot.data, slot.len)[:])
-            self.rx_cons = (self.rx_cons + 1) & MASK
-        if out:
-            kit.shm_test_cons_release(self.rx, self.rx_cons)
-        return out
-
-    def guest_send(self, frames: list[bytes], *, kick: bool = True) -> int:
-        """Write as many frames as fit, publish once, kick if the host sleeps."""
-        space = kit.shm_test_prod_space(self.tx, self.tx_prod, self.slots)
-        assert space != BAD, "the host released an impossible TX index"
-        sent = frames[:space]
-        for f in sent:
-            slot = self.tx_slot(self.tx_prod)
-            ffi.memmove(slot.data, f, len(f))
-            slot.len = len(f)
-            self.tx_prod = (self.tx_prod + 1) & MASK
-        if sent:
-            kit.shm_test_prod_publish(self.tx, self.tx_prod)
-            if kick and kit.shm_test_prod_needs_notify(self.tx) and self.kick >= 0:
-                os.eventfd_write(self.kick, 1)
-                self.guest_kicks += 1
-        return len(sent)
-
-    def service_until_idle(self, max_passes: int = 1000) -> int:
-        passes = 0
-        while kit.io_test_service(self.io):
-            passes += 1
-            assert passes < max_passes, "the services never ran out of work"
-        return passes
 
 
 @pytest.fixture
