@@ -176,6 +176,17 @@ def _choice(values: tuple[str, ...]) -> Callable[[str, str], str]:
     return check
 
 
+def _text(name: str, value: str) -> str:
+    return value
+
+
+def _choice_option(name: str, help: str, attr: str, values: tuple[str, ...]) -> CliOption:
+    """An option whose value is one of ``values``: what --help shows,
+    what is checked and what the shell completes, from the one tuple."""
+    shown = "|".join(values)
+    return CliOption((name,), shown, help, _set(attr, _choice(values)), complete=shown)
+
+
 def _mem(name: str, value: str) -> int:
     if not is_decimal(value) or int(value) <= 0:
         raise UsageError(f"Malformed argument to --mem: '{value}' is not a positive integer")
@@ -230,6 +241,12 @@ def _level(level: str):
     return apply
 
 
+def _log_option(names: tuple[str, ...], metavar: str, help: str, level: str, **more) -> CliOption:
+    """A way to set the log level (``level``; "": the value names it): one
+    setting however given, and one --query-manifest accepts."""
+    return CliOption(names, metavar, help, _level(level), setting="log level", query=True, **more)
+
+
 def _action(action: str):
     def apply(cmd: Command, name: str, value: str | None) -> None:
         cmd.action = action
@@ -252,17 +269,16 @@ OPTIONS: tuple[CliOption | object, ...] = (
         _set("mem_mib", _mem),
     ),
     _DEVICES,
-    CliOption(
-        ("--cpl",),
-        "auto|0|3|deprivileged",
+    _choice_option(
+        "--cpl",
         "privilege level of the guest: 0 as solo5-hvt;\n"
         "3 (user mode, native speed on PVM hosts) for\n"
         "a guest that declares it; deprivileged runs\n"
         "any other guest at 3, trapping and emulating\n"
         "its privileged instructions; auto picks 3 or\n"
         "deprivileged on a PVM host, else 0 (default)",
-        _set("cpl", _choice(CPL_VALUES)),
-        complete="|".join(CPL_VALUES),
+        "cpl",
+        CPL_VALUES,
     ),
     CliOption(
         ("--legacy-abi",),
@@ -284,7 +300,7 @@ OPTIONS: tuple[CliOption | object, ...] = (
         ("--user",),
         "USER",
         "drop to USER (and its groups) once every\ndevice is open, before the guest starts",
-        _set("user", lambda n, v: v),
+        _set("user", _text),
     ),
     CliOption(
         ("--dumpcore",),
@@ -292,7 +308,7 @@ OPTIONS: tuple[CliOption | object, ...] = (
         "on a guest fault or solo5_abort(), write an ELF\n"
         "core of the guest to DIR/core.solo5-hvt.PID\n"
         "(solo5-hvt-debug's option; docs/debugging.md)",
-        _set("dumpcore", lambda n, v: v),
+        _set("dumpcore", _text),
         complete="file",
     ),
     CliOption(
@@ -322,21 +338,20 @@ OPTIONS: tuple[CliOption | object, ...] = (
         "pin the vCPU thread and/or the IO thread\nto CPUs",
         _pin,
     ),
-    CliOption(
-        ("--snapshot-at",),
-        "first-wait|sigusr2",
+    _choice_option(
+        "--snapshot-at",
         "write a snapshot of the guest to --snapshot-dir\n"
         "when it first waits (its first poll after\n"
         "boot) or when pyvmm gets SIGUSR2, then run on\n"
         "(docs/snapshots.md)",
-        _set("snapshot_at", _choice(SNAPSHOT_TRIGGERS)),
-        complete="|".join(SNAPSHOT_TRIGGERS),
+        "snapshot_at",
+        SNAPSHOT_TRIGGERS,
     ),
     CliOption(
         ("--snapshot-dir",),
         "DIR",
         "--snapshot-at: the new directory (owner-only,\nnever an existing one)",
-        _set("snapshot_dir", lambda n, v: v),
+        _set("snapshot_dir", _text),
         complete="file",
     ),
     CliOption(
@@ -351,7 +366,7 @@ OPTIONS: tuple[CliOption | object, ...] = (
         "resume the snapshot in DIR instead of a boot:\n"
         "no KERNEL operand; block devices attached\n"
         "anew (--block:NAME=PATH)",
-        _set("restore", lambda n, v: v),
+        _set("restore", _text),
         complete="file",
     ),
     CliOption(
@@ -390,40 +405,32 @@ OPTIONS: tuple[CliOption | object, ...] = (
         value_like=lambda word: True,  # any name can be a file's
         query=True,
     ),
-    CliOption(
+    _log_option(
         ("-v", "--verbose"),
         "",
         "say what pyvmm decides and why (log level\n"
         "info): privilege mode, device back ends,\n"
         "memory layout, ring placement",
-        _level("info"),
-        setting="log level",
-        query=True,
+        "info",
     ),
-    CliOption(
+    _log_option(
         ("-vv",),
         "",
         "also debug: the vCPU's registers when a run\nends in a fault",
-        _level("debug"),
-        setting="log level",
-        query=True,
+        "debug",
     ),
-    CliOption(
+    _log_option(
         ("--log-level",),
         "LEVEL",
         "error, warning (default: only what solo5-hvt\nwould say too), info (-v) or debug (-vv)",
-        _level(""),
-        setting="log level",
+        "",
         complete="|".join(LOG_LEVELS),
-        query=True,
     ),
-    CliOption(
+    _log_option(
         ("-q", "--quiet"),
         "",
         "errors only: no warnings, such as the note\nthat --mem was rounded",
-        _level("error"),
-        setting="log level",
-        query=True,
+        "error",
     ),
     CliOption(
         ("--query-manifest",),
