@@ -6,6 +6,9 @@ use that pyvmm itself does not ship.
                      functions, the two-thread ring stress, the UDP sender;
                      built by scripts/setup (python3 -m testkit.build), and
                      rebuilt on import when a source is newer than the build
+    testkit.iorig    the one rig around the native IO thread: its eventfds,
+                     socketpair taps, guard areas, a shmstream link or
+                     Solo5's ring served a pass at a time or threaded
     testkit.netns    throw-away network namespaces with taps
     testkit.traffic  the C UDP traffic generator (python -m testkit.traffic)
     testkit.helpers  what several tests need: frame patterns, the stats-line

@@ -5,86 +5,53 @@ memory or crash."""
 from __future__ import annotations
 
 import os
-import socket
 
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from pyvmm._native import ffi, lib
+from testkit.iorig import Solo5Rig
 from testkit.native import lib as kit
 
 MEM = 64 * 1024
-GUARD = 4096
-RING_SIZE = ffi.sizeof("struct solo5_ring")
-ANY_FRAME = 65535  # the rig's socketpair carries any frame a tap could
 
 
-class Rig:
-    def __init__(self) -> None:
-        # [guard][guest memory][guard]; the ring lives outside "guest memory".
-        self.block = ffi.new("uint8_t[]", GUARD + MEM + GUARD)
-        ffi.buffer(self.block)[:] = b"\xa5" * len(ffi.buffer(self.block))
-        self.mem = self.block + GUARD
-        ffi.buffer(self.mem, MEM)[:] = bytes(MEM)
-        self.ring_mem = ffi.new("uint8_t[]", RING_SIZE)
-        self.ring = ffi.cast("struct solo5_ring *", self.ring_mem)
-        self.a, self.b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.a.setblocking(False)
-        self.b.setblocking(False)
-        self.io = lib.io_create(lib.IO_MODE_EVENT, 0, -1, -1, -1)
-        # A view of the plain buffer with nothing refused inside it.
-        host = int(ffi.cast("uintptr_t", self.mem))
-        self.view = ffi.new("struct pyvmm_guestmem *", {"host": host, "size": MEM})
-        assert lib.io_set_solo5_ring_view(self.io, self.ring, self.view, MEM) == 0
-        assert lib.io_solo5_attach_tap(self.io, 1, self.a.fileno(), ANY_FRAME) == 0
-        self.counters = lib.io_solo5_counters(self.io)
-
-    def submit(self, op: int, handle: int, data: int, length: int, ident: int) -> None:
-        e = self.ring.ent[self.ring.ent_tail % 1024]
-        e.operation, e.handle, e.data, e.len, e.id = op, handle, data, length, ident
-        self.ring.ent_tail += 1
-
-    def guards_intact(self) -> bool:
-        raw = bytes(ffi.buffer(self.block))
-        return raw[:GUARD] == b"\xa5" * GUARD and raw[GUARD + MEM :] == b"\xa5" * GUARD
-
-    def close(self) -> None:
-        lib.io_destroy(self.io)
-        self.a.close()
-        self.b.close()
+def plain_rig() -> Solo5Rig:
+    """Solo5's ring over MEM plain bytes between guard areas."""
+    return Solo5Rig(size=MEM)
 
 
 def test_reads_are_committed_and_writes_sent_in_order():
-    rig = Rig()
+    rig = plain_rig()
     try:
-        rig.b.send(b"frame-one")
-        rig.submit(lib.SOLO5_RING_OP_READ, 1, 0x1000, 2048, 7)
-        rig.submit(lib.SOLO5_RING_OP_READ, 1, 0x2000, 2048, 8)
+        rig.peer.send(b"frame-one")
+        rig.submit(lib.SOLO5_RING_OP_READ, 0x1000, 2048, 7)
+        rig.submit(lib.SOLO5_RING_OP_READ, 0x2000, 2048, 8)
         rig.mem[0x3000 : 0x3000 + 5] = b"hello"
-        rig.submit(lib.SOLO5_RING_OP_WRITE, 1, 0x3000, 5, 9)
+        rig.submit(lib.SOLO5_RING_OP_WRITE, 0x3000, 5, 9)
         assert kit.io_test_service(rig.io) == 3
         c0, c1 = rig.ring.com[0], rig.ring.com[1]
         assert (c0.id, c0.ret, c0.len) == (7, lib.HVT_RET_OK, 9)
         assert bytes(ffi.buffer(rig.mem + 0x1000, 9)) == b"frame-one"
         assert (c1.id, c1.ret) == (8, lib.HVT_RET_AGAIN)
         assert rig.ring.com_tail == 2 and rig.ring.ent_head == 3
-        assert rig.b.recv(100) == b"hello"
+        assert rig.peer.recv(100) == b"hello"
         assert rig.counters.reads == 1 and rig.counters.writes == 1
     finally:
         rig.close()
 
 
 def test_a_write_the_tap_refuses_is_counted_as_a_failed_write():
-    rig = Rig()
+    rig = plain_rig()
     try:
         rig.mem[0x3000 : 0x3000 + 60] = b"w" * 60
-        rig.submit(lib.SOLO5_RING_OP_WRITE, 1, 0x3000, 60, 1)
+        rig.submit(lib.SOLO5_RING_OP_WRITE, 0x3000, 60, 1)
         assert kit.io_test_service(rig.io) == 1
-        assert rig.b.recv(100) == b"w" * 60
+        assert rig.peer.recv(100) == b"w" * 60
         # The tap's other end is gone: the next writes fail (EPIPE).
-        rig.b.close()
-        rig.submit(lib.SOLO5_RING_OP_WRITE, 1, 0x3000, 60, 2)
-        rig.submit(lib.SOLO5_RING_OP_WRITE, 1, 0x3000, 60, 3)
+        rig.peer.close()
+        rig.submit(lib.SOLO5_RING_OP_WRITE, 0x3000, 60, 2)
+        rig.submit(lib.SOLO5_RING_OP_WRITE, 0x3000, 60, 3)
         assert kit.io_test_service(rig.io) == 2
         assert (rig.counters.writes, rig.counters.write_bytes) == (1, 60)
         assert rig.counters.write_failures == 2
@@ -94,12 +61,12 @@ def test_a_write_the_tap_refuses_is_counted_as_a_failed_write():
 
 
 def test_a_write_into_a_full_tap_is_counted_as_a_failed_write():
-    rig = Rig()
+    rig = plain_rig()
     try:
         rig.mem[0x3000 : 0x3000 + 1000] = b"f" * 1000
         submitted = 0
         while rig.counters.write_failures == 0:
-            rig.submit(lib.SOLO5_RING_OP_WRITE, 1, 0x3000, 1000, submitted)
+            rig.submit(lib.SOLO5_RING_OP_WRITE, 0x3000, 1000, submitted)
             submitted += 1
             assert kit.io_test_service(rig.io) == 1
             assert submitted < 100_000, "the tap's queue never filled"
@@ -154,12 +121,12 @@ def test_ring_entries_get_the_answer_their_validity_calls_for():
     # a frame too long for it before that frame was dropped (AGAIN).
     @example(batch=[(READ, 1, 0, 1), (READ, 1, 0, 1)], frames=[b"\x00", b"\x01\x00"], tail=None)
     def check(batch, frames, tail):
-        rig = Rig()
+        rig = plain_rig()
         try:
             for frame in frames:
-                rig.b.send(frame)
+                rig.peer.send(frame)
             for i, (op, handle, data, length) in enumerate(batch):
-                rig.submit(op, handle, data, length, i)
+                rig.submit(op, data, length, i, handle=handle)
                 kind = (
                     "other"
                     if op != READ
@@ -208,5 +175,5 @@ def test_ring_entries_get_the_answer_their_validity_calls_for():
 
 def test_backend_fd_count_is_unchanged_by_a_rig():
     before = len(os.listdir("/proc/self/fd"))
-    Rig().close()
+    plain_rig().close()
     assert len(os.listdir("/proc/self/fd")) == before

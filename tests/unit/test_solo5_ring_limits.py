@@ -9,12 +9,11 @@ each of these open)."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
-from pyvmm._native import ffi, lib
+from pyvmm._native import lib
 from pyvmm.kvm.memory import GuestMemory, Protection
+from testkit.iorig import Solo5Rig
 from testkit.native import lib as kit
 
 MIB = 1 << 20
@@ -24,39 +23,17 @@ BUF = 0x200000  # ordinary guest memory
 MAX_FRAME = 1514
 
 
-class Rig:
-    def __init__(self) -> None:
-        self.mem = GuestMemory(4 * MIB)
-        self.mem.protect(RO, 0x1000, Protection(read=True, write=False))
-        self.ring_mem = ffi.new("uint8_t[]", ffi.sizeof("struct solo5_ring"))
-        self.ring = ffi.cast("struct solo5_ring *", self.ring_mem)
-        self.a, self.b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.a.setblocking(False)
-        self.b.setblocking(False)
-        self.io = lib.io_create(lib.IO_MODE_EVENT, 0, -1, -1, -1)
-        assert lib.io_set_solo5_ring_view(self.io, self.ring, self.mem.view, 3 * MIB) == 0
-        assert lib.io_solo5_attach_tap(self.io, 1, self.a.fileno(), MAX_FRAME) == 0
-        self.counters = lib.io_solo5_counters(self.io)
-
-    def submit(self, op: int, data: int, length: int, ident: int = 0) -> None:
-        e = self.ring.ent[self.ring.ent_tail % 1024]
-        e.operation, e.handle, e.data, e.len, e.id = op, 1, data, length, ident
-        self.ring.ent_tail += 1
-
-    def commit(self, i: int):
-        c = self.ring.com[i]
-        return c.id, c.ret, c.len
-
-    def close(self) -> None:
-        lib.io_destroy(self.io)
-        self.a.close()
-        self.b.close()
-        self.mem.close()
+def guest_memory_rig() -> Solo5Rig:
+    """Solo5's ring over a real GuestMemory with a read-only page, the
+    guest's first 3 MiB of it usable, taps' frames up to MAX_FRAME."""
+    mem = GuestMemory(4 * MIB)
+    mem.protect(RO, 0x1000, Protection(read=True, write=False))
+    return Solo5Rig(mem, usable=3 * MIB, max_frame=MAX_FRAME)
 
 
 @pytest.fixture
 def rig():
-    r = Rig()
+    r = guest_memory_rig()
     yield r
     r.close()
 
@@ -73,7 +50,7 @@ def rig():
 )
 def test_a_read_into_memory_the_host_may_not_write_is_a_bad_entry(rig, gpa, length):
     before = rig.mem.read(gpa, min(length, 3 * MIB - gpa))
-    rig.b.send(b"x" * 60)
+    rig.peer.send(b"x" * 60)
     rig.submit(lib.SOLO5_RING_OP_READ, gpa, length, 7)
     assert kit.io_test_service(rig.io) == 1
     assert rig.commit(0) == (7, lib.HVT_RET_EINVAL, 0)
@@ -89,7 +66,7 @@ def test_a_write_may_come_from_the_low_area(rig):
     rig.submit(lib.SOLO5_RING_OP_WRITE, 0x10000, 64)
     assert kit.io_test_service(rig.io) == 1
     assert rig.counters.writes == 1 and rig.counters.bad_entries == 0
-    assert len(rig.b.recv(4096)) == 64
+    assert len(rig.peer.recv(4096)) == 64
 
 
 def test_a_write_longer_than_the_largest_frame_is_a_bad_entry(rig):
@@ -97,14 +74,14 @@ def test_a_write_longer_than_the_largest_frame_is_a_bad_entry(rig):
     rig.submit(lib.SOLO5_RING_OP_WRITE, BUF, MAX_FRAME)
     assert kit.io_test_service(rig.io) == 2
     assert rig.counters.bad_entries == 1 and rig.counters.writes == 1
-    assert len(rig.b.recv(4096)) == MAX_FRAME
+    assert len(rig.peer.recv(4096)) == MAX_FRAME
     with pytest.raises(BlockingIOError):
-        rig.b.recv(4096)
+        rig.peer.recv(4096)
 
 
 def test_a_frame_longer_than_the_read_buffer_is_dropped_not_cut(rig):
-    rig.b.send(b"L" * 200)
-    rig.b.send(b"s" * 50)
+    rig.peer.send(b"L" * 200)
+    rig.peer.send(b"s" * 50)
     rig.submit(lib.SOLO5_RING_OP_READ, BUF, 100, 1)
     rig.submit(lib.SOLO5_RING_OP_READ, BUF + 4096, 100, 2)
     kit.io_test_service(rig.io)
@@ -116,7 +93,7 @@ def test_a_frame_longer_than_the_read_buffer_is_dropped_not_cut(rig):
 
 
 def test_a_read_of_exactly_the_buffer_size_is_delivered(rig):
-    rig.b.send(b"e" * 100)
+    rig.peer.send(b"e" * 100)
     rig.submit(lib.SOLO5_RING_OP_READ, BUF, 100, 3)
     kit.io_test_service(rig.io)
     assert rig.commit(0) == (3, lib.HVT_RET_OK, 100)
