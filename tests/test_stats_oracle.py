@@ -1,0 +1,174 @@
+"""Oracles for --stats=INTERVAL with --stats-json: the numbers pyvmm shows
+checked against sources that are not pyvmm's own arithmetic.
+
+A real guest (udpsink) receives real datagrams through a tap in a namespace
+the test creates, first while it runs, then a burst while pyvmm is stopped
+(SIGSTOP), so the tap's queue overflows and the kernel drops frames. Then:
+
+- each interval's count (the difference of two consecutive snapshots) is
+  never negative, and the intervals, the part before the first snapshot and
+  the tail up to the final record add up to the final cumulative counter,
+  which equals what the guest itself counted (its own report on its console);
+- each row of the live view shows, for every frame and byte column, that
+  interval's count divided by that interval's own duration (the difference
+  of the two snapshots' ``seconds``), to the row's whole-number rounding;
+  so the rows' rates times their durations rebuild the interval counts;
+- the frames the guest got equal the tap's own kernel counters read with
+  pyroute2 over netlink inside the namespace (not pyvmm's reader): the
+  packets the tap handed to its reader (``tx_packets``, which the tun driver
+  counts only for frames read, never for those it dropped), while the
+  frames the kernel dropped (``tx_dropped``) and the guest's add up to what
+  the sender had accepted.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+
+import pytest
+from test_stats import live_rows
+
+from conftest import guest
+from testkit import helpers
+from testkit.netns import NetNamespace
+
+pytestmark = [pytest.mark.kvm, pytest.mark.netns]
+
+TAP = "tap100"
+GUEST_IP = "10.0.0.2"
+GUEST_MAC = "02:00:00:00:00:02"
+PORT = "5000"
+
+#: Per shm mode: the snapshot's counters of frames and bytes to the guest.
+FRAMES_TO_GUEST = {
+    "off": (("taps", "service0", "tx_packets"), ("taps", "service0", "tx_bytes")),
+    "event": (
+        ("shmstream", "devices", "service0", "rx_frames"),
+        ("shmstream", "devices", "service0", "rx_bytes"),
+    ),
+}
+
+
+def counter(snap: dict, path: tuple[str, ...]) -> int:
+    for key in path:
+        snap = snap[key]
+    return int(snap)
+
+
+def kernel_counters(ns: NetNamespace) -> dict[str, int]:
+    """The tap's stats64 as pyroute2 reads them: not pyvmm's reader."""
+    with ns.iproute() as ipr:
+        return dict(ipr.get_links(ifname=TAP)[0].get("stats64"))
+
+
+def send(ns: NetNamespace, count: int, rate: int, size: int) -> int:
+    """Datagrams the sender's kernel accepted (what it reports as sent)."""
+    done = ns.run(
+        [sys.executable, "-m", "testkit.traffic", GUEST_IP, PORT]
+        + ["--count", str(count), "--rate", str(rate), "--size", str(size)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return int(json.loads(done.stdout)["sent"])
+
+
+@pytest.fixture(scope="module", params=sorted(FRAMES_TO_GUEST))
+def flooded_run(request, tmp_path_factory):
+    """One run per path (the hypercalls, shmstream): its snapshots, its
+    stderr, the guest's count, what was sent and the tap's kernel counters
+    before and after."""
+    shm = request.param
+    path = tmp_path_factory.mktemp(f"oracle-{shm}") / "stats.jsonl"
+    with NetNamespace() as ns:
+        # No IPv6 and a static neighbour: the flood's frames are the only ones.
+        ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")
+        ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
+        ns.add_tap(TAP, address="10.0.0.1/24")
+        ns.run(["ip", "neigh", "replace", GUEST_IP, "lladdr", GUEST_MAC, "dev", TAP], check=True)
+        before = kernel_counters(ns)
+        vm, head = ns.start_pyvmm(
+            "--stats=100ms",
+            f"--stats-json={path}",
+            f"--shm={shm}",
+            f"--net:service0={TAP}",
+            f"--net-mac:service0={GUEST_MAC}",
+            guest("udpsink"),
+            GUEST_IP,
+            PORT,
+            "0",
+            "700",
+        )
+        sent = send(ns, 3000, 6000, 700)
+        vm.send_signal(signal.SIGSTOP)
+        try:
+            sent += send(ns, 3000, 20000, 300)
+        finally:
+            vm.send_signal(signal.SIGCONT)
+        out, err = vm.communicate(timeout=60)
+        after = kernel_counters(ns)
+    assert vm.returncode == 0, head + out + err
+    snaps = [json.loads(x) for x in path.read_text().splitlines()]
+    return {
+        "shm": shm,
+        "snaps": snaps,
+        "err": err,
+        "frames": int(helpers.guest_report(head + out)["frames"]),
+        "sent": sent,
+        "kernel": {k: after[k] - before.get(k, 0) for k in after},
+    }
+
+
+def test_interval_counts_add_up_to_the_final_counters(flooded_run):
+    frames_path, bytes_path = FRAMES_TO_GUEST[flooded_run["shm"]]
+    snaps = flooded_run["snaps"]
+    assert [s["record"] for s in snaps[-1:]] == ["final"] and len(snaps) >= 5
+    for path in (frames_path, bytes_path):
+        totals = [counter(s, path) for s in snaps]
+        # Before the first snapshot, each interval, and the tail to the end.
+        parts = [totals[0]] + [b - a for a, b in zip(totals[:-1], totals[1:], strict=True)]
+        assert all(p >= 0 for p in parts), (path, parts)
+        assert sum(parts) == totals[-1]
+    assert counter(snaps[-1], frames_path) == flooded_run["frames"]
+
+
+def test_each_rate_is_its_interval_count_over_its_own_duration(flooded_run):
+    frames_path, bytes_path = FRAMES_TO_GUEST[flooded_run["shm"]]
+    intervals = [s for s in flooded_run["snaps"] if s["record"] == "interval"]
+    rows = live_rows(flooded_run["err"])
+    # One row per interval record, the same sample; the first row's baseline
+    # is taken before the guest starts and written nowhere, so it is left out.
+    assert len(rows) == len(intervals) >= 4
+    moved = 0
+    for prev, snap, row in zip(intervals[:-1], intervals[1:], rows[1:], strict=True):
+        duration = snap["seconds"] - prev["seconds"]
+        assert duration > 0
+        assert float(row["time: s"]) == pytest.approx(snap["seconds"], abs=0.05 + 1e-9)
+        for column, path, unit in (
+            ("net service0: rx fr/s", frames_path, 1),
+            ("net service0: rx kB/s", bytes_path, 1000),
+        ):
+            count = counter(snap, path) - counter(prev, path)
+            shown = int(row[column])
+            assert abs(shown - count / duration / unit) <= 0.5 + 1e-6, (column, shown, count)
+            if unit == 1:
+                moved += count
+                # The rate times the duration gives the count back, to rounding.
+                assert abs(shown * duration - count) <= 0.5 * duration + 1e-6
+    assert moved > 0  # the flood fell inside the checked intervals
+
+
+def test_the_guests_frames_match_the_taps_kernel_counters(flooded_run):
+    kernel = flooded_run["kernel"]
+    frames = flooded_run["frames"]
+    # The burst sent while pyvmm was stopped overflowed the tap's queue.
+    assert kernel["tx_dropped"] > 0, kernel
+    assert frames == kernel["tx_packets"]
+    assert frames + kernel["tx_dropped"] == flooded_run["sent"]
+    # What pyvmm reported of the tap agrees with the kernel's own count.
+    final = flooded_run["snaps"][-1]
+    assert final["taps"]["service0"]["tx_packets"] == kernel["tx_packets"]
+    assert final["taps"]["service0"]["tx_dropped"] == kernel["tx_dropped"]
