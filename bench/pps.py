@@ -4,6 +4,7 @@
                          [--modes off-py,off,poll,event,hybrid] [--pin]
                          [--guest PATH] [--cpl auto,0,deprivileged]
                          [--ring-guest PATH] [--ring-modes event] [--budgets 50,2000]
+                         [--solo5] [--solo5-hvt-seconds 1]
                          [--checkout NAME=DIR] [--peer NAME=PATH [--peer-guest PATH]]
                          [--sender packet|udp] [--no-tx] [--no-latency]
                          [--out PREFIX] [--quick]
@@ -30,9 +31,26 @@ checks every payload byte; a frame with a bad pattern is an error). Rows:
   hypercall, one exit, per frame, answered in C), `off-py` (the same
   answered by Python, PYVMM_PY_HYPERCALLS=1), `poll`, `event`, `hybrid`
   (shmstream, the IO thread in that mode);
-- Solo5's ring path (--ring-guest: udpsink.c built against Solo5's own
-  bindings, which has no shmstream driver, so with a shm mode pyvmm's IO
+- Solo5's ring path (--ring-guest: a receiver linked with Solo5's own
+  bindings, which have no shmstream driver, so with a shm mode pyvmm's IO
   thread serves it Solo5's ring I/O), rows `s5ring-MODE` (--ring-modes);
+- --solo5: one receiver written for the Solo5 API alone
+  (bench/solo5/udpsink.c, guests/udpsink.c's pattern and report), built
+  at run time by scripts/solo5_build.py with Solo5's toolchain from
+  ../shared/upstream's release, offline, one object linked three ways,
+  and run as: `s5pyvmm-MODE` for each of --modes (relinked with `-z
+  solo5-abi=pyvmm`: pyvmm's runtime, shmstream rings); `s5ring-off` and
+  `s5ring-MODE` for each shm mode of --modes (unmodified, `-z
+  solo5-abi=hvt`: hypercalls, then Solo5's ring I/O served by the IO
+  thread; this replaces --ring-guest); `solo5-spt` (`-z solo5-abi=spt`
+  under Solo5's seccomp tender solo5-spt, a plain process); `solo5-hvt`
+  (the unmodified binary under Solo5's own tender, whose guest runs at
+  CPL 0: emulated on a kvm_pvm host, so its traffic lasts only
+  --solo5-hvt-seconds; 0 leaves the row out). These rows receive only (no
+  transmit or latency rows); the table is followed by their ratios:
+  relinked over pyvmm's udpsink per mode, Solo5's ring over solo5-hvt, and
+  each family's hybrid over its best mode. Without a Solo5 build (the
+  archive, Solo5's build tools) it stops with one line saying why;
 - another copy of pyvmm (--checkout NAME=DIR: DIR a checkout with its
   extension and launcher built): each pyvmm row again as `NAME:ROW`, run
   by DIR/pyvmm/_launcher, interleaved with this checkout's rows (a before
@@ -102,6 +120,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import baseline, pps_chart  # noqa: E402
 from pyvmm.vm.statsview import is_live_line  # noqa: E402
+from scripts import solo5_build  # noqa: E402
 from testkit.helpers import STATS_SCHEMA, guest_report  # noqa: E402
 from testkit.netns import NetNamespace, read_until  # noqa: E402
 
@@ -111,7 +130,6 @@ GUEST_IP, HOST_IP, PORT = "10.0.0.2", "10.0.0.1", 5000
 GUEST_MAC = "02:00:00:00:00:02"
 MODES = ("off-py", "off", "poll", "event", "hybrid")
 SHM_MODES = ("poll", "event", "hybrid")
-SOLO5_RING_GUEST = Path("/var/cache/pyvmm-solo5/bin/udpsink-solo5.hvt")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SNAPSHOT_INTERVAL = "100ms"
 # Latency rows: pyvmm's interval counters cost ~0.8% of a core every 100 ms,
@@ -379,11 +397,12 @@ def run_rx(case: dict, args) -> dict:
             vm = Tender(ns, case, guest_args, args, tmp)
             a = vm.snapshot()
             cpu_a, tap_a = vm.cpu(), ns.link("tap100")["stats"]
+            seconds = case.get("seconds") or args.seconds
             sent_run = ns.run(
-                sender_argv(args, case.get("shm", "off"), args.seconds),
+                sender_argv(args, case.get("shm", "off"), seconds),
                 capture_output=True,
                 text=True,
-                timeout=args.seconds + 60,
+                timeout=seconds + 60,
                 preexec_fn=niced(args.sender_nice if args.sender_nice is not None else args.nice),
             )
             if sent_run.returncode != 0:
@@ -391,10 +410,10 @@ def run_rx(case: dict, args) -> dict:
             sent = json.loads(sent_run.stdout)
             time.sleep(0.1)  # the tender drains what the tap still holds
             cpu_b, tap_b = vm.cpu(), ns.link("tap100")["stats"]
-            b = vm.snapshot(newer_than=(a or {}).get("seconds", 0) + args.seconds)
+            b = vm.snapshot(newer_than=(a or {}).get("seconds", 0) + seconds)
             # A peer tender may be far slower than the flood: give it time to
             # finish, then stop it (its guest's report is then lost).
-            out, err, ended = vm.finish(timeout=args.idle_ms / 1000 + args.seconds + 20)
+            out, err, ended = vm.finish(timeout=args.idle_ms / 1000 + seconds + 20)
             stats = vm.final_stats()
         finally:
             ns.close()
@@ -651,7 +670,9 @@ def cases(args) -> list[dict]:
                         "lat_guest": GUESTS / "udpecho.hvt",
                     }
                 )
-        if args.ring_guest:
+        if args.solo5:
+            rows += solo5_rows(args, cpl, suffix)
+        elif args.ring_guest:
             for mode in filter(None, args.ring_modes.split(",")):
                 rows.append(
                     {
@@ -669,6 +690,8 @@ def cases(args) -> list[dict]:
             raise SystemExit(f"--checkout {checkout}: give NAME=DIR, DIR a built pyvmm checkout")
         for row in [r for r in rows if r["tender"] == "pyvmm" and not r.get("launcher")]:
             rows.append(dict(row, label=f"{name}:{row['label']}", launcher=str(launcher)))
+    if args.solo5:
+        rows += solo5_peers(args)
     for peer in args.peer:
         name, _, path = peer.partition("=")
         if not path:
@@ -684,6 +707,113 @@ def cases(args) -> list[dict]:
             }
         )
     return rows
+
+
+# -- --solo5: one Solo5-API receiver, relinked, unmodified, and under Solo5's tenders --
+
+
+def solo5_programs() -> solo5_build.Solo5Build:
+    """Solo5's build and bench/solo5's programs (scripts/solo5_build.py:
+    built now, offline, if they are not), or one line saying why not."""
+    try:
+        return solo5_build.ensure(log=lambda m: print(f"# solo5-build: {m}", file=sys.stderr))
+    except solo5_build.BuildError as err:
+        raise SystemExit(f"pps.py: --solo5: {err}") from None
+
+
+def solo5_rows(args, cpl: str, suffix: str) -> list[dict]:
+    """--solo5's pyvmm rows at one --cpl: the relinked receiver in each of
+    --modes, the unmodified one over hypercalls and in each shm mode."""
+    build = args.solo5_build
+    modes = [m for m in args.modes.split(",") if m]
+    rows = [
+        {
+            "label": f"s5pyvmm-{mode}{suffix}",
+            "tender": "pyvmm",
+            "shm": "off" if mode.startswith("off") else mode,
+            "cpl": cpl,
+            "py": mode == "off-py",
+            "guest": build.app("udpsink", "pyvmm"),
+        }
+        for mode in modes
+    ]
+    for shm in ["off", *(m for m in modes if m in SHM_MODES)]:
+        rows.append(
+            {
+                "label": f"s5ring-{shm}{suffix}",
+                "tender": "pyvmm",
+                "shm": shm,
+                "cpl": cpl,
+                "guest": build.app("udpsink", "hvt"),
+            }
+        )
+    return rows
+
+
+def solo5_peers(args) -> list[dict]:
+    """--solo5's rows under Solo5's own tenders: solo5-spt with the spt
+    link; solo5-hvt with the unmodified binary, for --solo5-hvt-seconds."""
+    build = args.solo5_build
+    rows = [
+        {
+            "label": "solo5-spt",
+            "tender": "peer",
+            "path": str(build.solo5_spt),
+            "guest": build.app("udpsink", "spt"),
+        }
+    ]
+    if args.solo5_hvt_seconds > 0:
+        rows.append(
+            {
+                "label": "solo5-hvt",
+                "tender": "peer",
+                "path": str(build.solo5_hvt),
+                "guest": build.app("udpsink", "hvt"),
+                "seconds": args.solo5_hvt_seconds,
+            }
+        )
+    return rows
+
+
+#: The relinked receiver's share of pyvmm's own, Solo5's ring's multiple of
+#: solo5-hvt, a hybrid row's share of its family's best mode (the goals).
+RELINKED_TARGET, RING_OVER_HVT_TARGET, HYBRID_TARGET = 0.9, 20.0, 0.8
+
+
+def solo5_ratios(rx: list[dict]) -> list[str]:
+    """The comparisons --solo5 is for, one line each, from the receive table."""
+    rate = {r["mode"]: r.get("received") for r in rx if r.get("received")}
+    lines = []
+    for label, value in rate.items():
+        own = rate.get(label.removeprefix("s5pyvmm-"))
+        if label.startswith("s5pyvmm-") and own:
+            ratio = value / own
+            verdict = "ok" if ratio >= RELINKED_TARGET else "below"
+            lines.append(
+                f"relinked {label}: {ratio:.2f}x {label.removeprefix('s5pyvmm-')} "
+                f"(target >= {RELINKED_TARGET}x: {verdict})"
+            )
+    hvt = rate.get("solo5-hvt")
+    for label, value in rate.items():
+        if label.startswith("s5ring-") and hvt:
+            ratio = value / hvt
+            verdict = "ok" if ratio >= RING_OVER_HVT_TARGET else "below"
+            lines.append(
+                f"unmodified {label}: {ratio:.1f}x solo5-hvt "
+                f"(target >= {RING_OVER_HVT_TARGET:.0f}x: {verdict})"
+            )
+    for family in ("", "s5pyvmm-", "s5ring-"):
+        modes = {m: rate.get(family + m) for m in SHM_MODES if rate.get(family + m)}
+        if "hybrid" not in modes or len(modes) < 2:
+            continue
+        best = max(modes, key=lambda m: modes[m])
+        ratio = modes["hybrid"] / modes[best]
+        verdict = "ok" if ratio >= HYBRID_TARGET else "below"
+        lines.append(
+            f"{family}hybrid: {ratio:.2f}x the best mode, {family}{best} "
+            f"(target within {100 - HYBRID_TARGET * 100:.0f}%: {verdict})"
+        )
+    return lines
 
 
 def median_spread(values: list) -> tuple[float | None, float | None]:
@@ -855,15 +985,27 @@ def main() -> int:
     parser.add_argument("--cpl", default="auto", help="--cpl values to run each mode at")
     parser.add_argument(
         "--ring-guest",
-        default=str(SOLO5_RING_GUEST) if SOLO5_RING_GUEST.exists() else "",
-        help="udpsink built against Solo5 (rows s5ring-MODE; default: "
-        f"{SOLO5_RING_GUEST} if present; '' for none)",
+        default="",
+        help="a receiver linked with Solo5's own bindings (rows s5ring-MODE; default none: "
+        "--solo5 builds one)",
     )
     parser.add_argument(
         "--ring-modes",
         default="event",
         help="s5ring rows' modes (poll, event, hybrid; default event: with poll a Solo5 "
         "ring guest receives ~1%% as much, docs/modes.md)",
+    )
+    parser.add_argument(
+        "--solo5",
+        action="store_true",
+        help="add the Solo5-API receiver's rows (relinked s5pyvmm-MODE, unmodified s5ring-MODE, "
+        "solo5-spt, solo5-hvt), built by scripts/solo5_build.py",
+    )
+    parser.add_argument(
+        "--solo5-hvt-seconds",
+        type=float,
+        default=1.0,
+        help="--solo5: the solo5-hvt row's traffic (its guest is emulated on kvm_pvm; 0: no row)",
     )
     parser.add_argument(
         "--checkout",
@@ -925,6 +1067,9 @@ def main() -> int:
         args.lat_count = min(args.lat_count, 100)
         args.idle_seconds = min(args.idle_seconds, 0.5)
     args.ring_guest = Path(args.ring_guest) if args.ring_guest else None
+    if args.solo5 and args.ring_guest:
+        raise SystemExit("pps.py: --solo5 builds the s5ring rows' receiver: give no --ring-guest")
+    args.solo5_build = solo5_programs() if args.solo5 else None
     rows = cases(args)
     host = machine()
     title = (
@@ -938,6 +1083,12 @@ def main() -> int:
         print(f"# guest: {args.guest}")
     if args.ring_guest:
         print(f"# s5ring rows: {args.ring_guest} (Solo5's ring I/O served by the IO thread)")
+    if args.solo5_build:
+        apps = args.solo5_build.apps
+        print(
+            f"# s5pyvmm rows: {apps}/udpsink-pyvmm.hvt (-z solo5-abi=pyvmm); s5ring rows: "
+            f"{apps}/udpsink-solo5.hvt (-z solo5-abi=hvt), one bench/solo5/udpsink.c object"
+        )
     for r in rows:
         if r["tender"] == "peer":
             print(f"# {r['label']}: {r['path']} with {r['guest']}")
@@ -976,6 +1127,10 @@ def main() -> int:
             f"{offered:.0f} pps, {offered / best:.1f}x ({verdict}); lowest offered in any row "
             f"{lowest:.0f} pps"
         )
+    if args.solo5:
+        raw["solo5_ratios"] = solo5_ratios(rx)
+        for line in raw["solo5_ratios"]:
+            print(f"# {line}")
     tx_rows = [r for r in rows if "tx_guest" in r]
     tx = []
     if not args.no_tx and tx_rows:

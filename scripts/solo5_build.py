@@ -32,6 +32,15 @@ of Solo5's is relinked from its unchanged objects with
 runtime gets a new directory, so a running test never sees a program change
 under it; relinks of an older runtime are removed after a day).
 
+pyvmm's own programs written for the Solo5 API alone (bench/solo5/: the
+udpsink receiver bench/pps.py and bench/soak.py run) are compiled once each
+with ``x86_64-solo5-none-static-cc`` and that one object linked three ways,
+into ``CACHE/<archive name>/apps-<hash>/`` (the hash covers the sources,
+the manifests and the bindings; the same day-long pruning):
+``NAME-pyvmm.hvt`` (``-z solo5-abi=pyvmm``: relinked onto pyvmm's runtime),
+``NAME-solo5.hvt`` (``-z solo5-abi=hvt``: Solo5's own bindings, unmodified)
+and ``NAME-solo5.spt`` (``-z solo5-abi=spt``, for solo5-spt).
+
 ``--arch aarch64`` on an x86_64 host cross-builds Solo5's toolchain,
 bindings and test programs for arm64 with Debian's cross compiler
 (gcc-aarch64-linux-gnu; the tenders stay the host's) into
@@ -42,8 +51,9 @@ Everything runs under one lock (``CACHE/.lock``): a second caller waits for
 the first and then finds its work done. ``--print NAME`` prints one path
 (``solo5-hvt``, ``solo5-spt``, ``solo5-elftool``, ``cc``, ``ld``,
 ``prefix``, ``lib``, ``src``, ``hvt-tests``, ``pyvmm-tests``,
-``tests.bats``). Exit status 0, 1 if the build failed (its log is named),
-2 for a bad argument or a missing archive or tool.
+``tests.bats``, ``apps``, ``udpsink-pyvmm``, ``udpsink-hvt``,
+``udpsink-spt``). Exit status 0, 1 if the build failed (its log is
+named), 2 for a bad argument or a missing archive or tool.
 
 As a module: ``ensure()`` does the same and returns a ``Solo5Build`` with
 those paths (tests/, bench/ and scripts/solo5_check.py use it).
@@ -154,6 +164,13 @@ class Solo5Build:
         return self.root / "STAMP"
 
     pyvmm_tests: Path | None = None  # set by ensure(): the relinked programs
+    apps: Path | None = None  # set by ensure(): bench/solo5's programs, each form
+
+    def app(self, name: str, form: str) -> Path:
+        """One of bench/solo5's programs in one form (a key of APP_FORMS)."""
+        if self.apps is None:
+            raise BuildError("no Solo5-API programs (the bindings were not built)", 2)
+        return self.apps / app_file(name, form)
 
     def path(self, name: str) -> Path:
         """One of the names --print takes."""
@@ -170,16 +187,40 @@ class Solo5Build:
             "hvt-tests": self.hvt_tests,
             "tests.bats": self.tests_bats,
         }
+        app, _, form = name.rpartition("-")
+        if app in APP_NAMES and form in APP_FORMS:
+            return self.app(app, form)
+        if name == "apps":
+            if self.apps is None:
+                raise BuildError("no Solo5-API programs (the bindings were not built)", 2)
+            return self.apps
         if name == "pyvmm-tests":
             if self.pyvmm_tests is None:
                 raise BuildError("no relinked tests (the bindings were not built)", 2)
             return self.pyvmm_tests
         if name not in table:
-            raise BuildError(f"--print {name}: one of {', '.join([*table, 'pyvmm-tests'])}", 2)
+            extra = ["pyvmm-tests", "apps", *(f"{a}-{f}" for a in APP_NAMES for f in APP_FORMS)]
+            raise BuildError(f"--print {name}: one of {', '.join([*table, *extra])}", 2)
         return table[name]
 
 
 ARCHES = ("x86_64", "aarch64")
+
+#: pyvmm's programs for the Solo5 API alone: bench/solo5/NAME.c with its
+#: manifest NAME.json, built with Solo5's toolchain only.
+APPS = ROOT / "bench" / "solo5"
+APP_NAMES = ("udpsink",)
+#: Each form's bindings (``-z solo5-abi=``) and file name suffix.
+APP_FORMS = {
+    "pyvmm": ("pyvmm", "pyvmm.hvt"),
+    "hvt": ("hvt", "solo5.hvt"),
+    "spt": ("spt", "solo5.spt"),
+}
+
+
+def app_file(name: str, form: str) -> str:
+    """udpsink, pyvmm -> udpsink-pyvmm.hvt (udpsink-solo5.hvt, udpsink-solo5.spt)."""
+    return f"{name}-{APP_FORMS[form][1]}"
 
 
 def host_arch() -> str:
@@ -450,10 +491,54 @@ def relink_tests(build: Solo5Build, bindings: bytes, log_file: Path, log: Log) -
 STALE_SECONDS = 24 * 3600
 
 
-def prune(build: Solo5Build, keep: Path) -> None:
-    """Earlier relinks (and the leftovers of interrupted ones) past STALE_SECONDS."""
+def build_apps(build: Solo5Build, bindings: bytes, log_file: Path, log: Log) -> Path:
+    """bench/solo5's programs: each compiled once by Solo5's cc, linked in
+    every form of APP_FORMS; reused while sources and bindings are the same."""
+    digest = hashlib.sha256(bindings)
+    for name in APP_NAMES:
+        for suffix in (".c", ".json"):
+            digest.update((APPS / f"{name}{suffix}").read_bytes())
+    out = build.root / f"apps-{digest.hexdigest()[:12]}"
+    if (out / "DONE").exists():
+        return out
+    tmp = Path(tempfile.mkdtemp(dir=build.root, prefix=".apps-"))
+    flags = ["-O2", "-Wall", "-Wextra", "-Werror"]
+    try:
+        for name in APP_NAMES:
+            manifest = tmp / f"{name}.mft.c"
+            steps = [
+                [str(build.elftool), "gen-manifest", str(APPS / f"{name}.json"), str(manifest)],
+                [str(build.cc), *flags, "-c", str(manifest), "-o", str(tmp / f"{name}.mft.o")],
+                [
+                    str(build.cc),
+                    *flags,
+                    "-c",
+                    str(APPS / f"{name}.c"),
+                    "-o",
+                    str(tmp / f"{name}.o"),
+                ],
+            ]
+            objects = [str(tmp / f"{name}.o"), str(tmp / f"{name}.mft.o")]
+            for form, (abi, _) in APP_FORMS.items():
+                target = str(tmp / app_file(name, form))
+                steps.append([str(build.ld), "-z", f"solo5-abi={abi}", "-o", target, *objects])
+            for argv in steps:
+                run_logged(argv, tmp, log_file, f"building {name} ({Path(argv[0]).name})")
+        (tmp / "DONE").write_text(f"built with solo5_pyvmm {digest.hexdigest()[:12]}\n")
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(f"built {', '.join(APP_NAMES)} in {len(APP_FORMS)} forms into {out}")
+    prune(build, keep=out, kinds=("apps-*", ".apps-*"))
+    return out
+
+
+def prune(build: Solo5Build, keep: Path, kinds: tuple[str, ...] = ("pyvmm-*", ".relink-*")) -> None:
+    """Earlier builds of one kind (and the leftovers of interrupted ones) past
+    STALE_SECONDS."""
     now = time.time()
-    for old in [*build.root.glob("pyvmm-*"), *build.root.glob(".relink-*")]:
+    for old in [path for kind in kinds for path in build.root.glob(kind)]:
         try:
             stale = now - old.stat().st_mtime > STALE_SECONDS
         except OSError:
@@ -475,8 +560,9 @@ def ensure(
     log: Log | None = None,
 ) -> Solo5Build:
     """Solo5 built from ``archive`` in ``cache`` (built now if it is not),
-    and, with ``bindings``, pyvmm's bindings installed and the test programs
-    relinked. Raises BuildError with a one-line reason."""
+    and, with ``bindings``, pyvmm's bindings installed, the test programs
+    relinked and bench/solo5's programs built in every form. Raises
+    BuildError with a one-line reason."""
     say = log or (lambda message: print(f"{PROG}: {message}", file=sys.stderr))
     source = archive_path(archive)
     if not source.is_file():
@@ -497,7 +583,8 @@ def ensure(
         log_file.write_text("")
         installed = install_bindings(build, log_file)
         relinked = relink_tests(build, installed, log_file, say)
-        return Solo5Build(build.root, build.triple, pyvmm_tests=relinked)
+        apps = build_apps(build, installed, log_file, say)
+        return Solo5Build(build.root, build.triple, pyvmm_tests=relinked, apps=apps)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -542,6 +629,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG}: Solo5 in {build.root}: tenders and toolchain in {build.bin}")
             if build.pyvmm_tests is not None:
                 print(f"{PROG}: relinked test programs in {build.pyvmm_tests}")
+            if build.apps is not None:
+                print(f"{PROG}: Solo5-API programs in {build.apps}")
     except BuildError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return e.status
