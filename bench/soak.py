@@ -7,8 +7,9 @@ Each guest slot runs in its own network namespace (testkit.netns, removed
 afterwards) with a tap, and goes through the modes in turn: `off`
 (hypercalls answered in C), `poll`, `event`, `hybrid` (shmstream, udpecho
 answering every datagram, so frames flow both ways) and, when Solo5's own
-udpsink is built (/var/cache/pyvmm-solo5), `s5ring` (Solo5's ring served
-by the IO thread). A run lasts --cycle seconds under bursts of --burst
+udpsink can be built (bench/solo5/udpsink.c linked with Solo5's bindings
+by scripts/solo5_build.py), `s5ring` (Solo5's ring served by the IO
+thread). A run lasts --cycle seconds under bursts of --burst
 seconds of --rate datagrams/s (the C sender, AF_PACKET into the tap) with a
 second's pause between, then gets SIGTERM; slot i starts at mode i, so the
 modes run side by side. The sandbox is on, as by default.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -42,17 +44,28 @@ sys.path.insert(0, str(ROOT))
 
 from pyvmm.vm.stats import drop_counters  # noqa: E402
 from pyvmm.vm.statsview import is_live_line  # noqa: E402
+from scripts import solo5_build  # noqa: E402
 from testkit.netns import NetNamespace  # noqa: E402
 
 GUESTS = ROOT / "guests" / "bin"
-SOLO5_SINK = Path("/var/cache/pyvmm-solo5/bin/udpsink-solo5.hvt")
 GUEST_IP, HOST_IP, PORT = "10.0.0.2", "10.0.0.1", 5000
 GUEST_MAC = "02:00:00:00:00:02"
 
 
+@functools.cache
+def solo5_sink() -> Path | None:
+    """Solo5's udpsink (bench/solo5/udpsink.c, Solo5's own bindings), built
+    by scripts/solo5_build.py if it can be; None if not (the reason said)."""
+    try:
+        return solo5_build.ensure(log=lambda m: None).app("udpsink", "hvt")
+    except solo5_build.BuildError as err:
+        print(f"soak: no s5ring runs: {err}", file=sys.stderr)
+        return None
+
+
 def modes() -> list[str]:
     found = ["off", "poll", "event", "hybrid"]
-    return found + (["s5ring"] if SOLO5_SINK.exists() else [])
+    return found + (["s5ring"] if solo5_sink() else [])
 
 
 def fds_and_rss(pid: int) -> tuple[int, int]:
@@ -99,7 +112,7 @@ def one_run(ns: NetNamespace, mode: str, args, tmp: Path, stop: threading.Event)
     argv = ["--stats=1s", f"--stats-json={stats}", "--net:service0=tap100"]
     argv += [f"--net-mac:service0={GUEST_MAC}", "--mem=64"]
     if mode == "s5ring":
-        argv += ["--shm=event", str(SOLO5_SINK), GUEST_IP, str(PORT), "0", "3600000"]
+        argv += ["--shm=event", str(solo5_sink()), GUEST_IP, str(PORT), "0", "3600000"]
     else:
         argv += [f"--shm={mode}", str(GUESTS / "udpecho.hvt"), GUEST_IP, str(PORT), "0"]
     tap_before = ns.link("tap100")["stats"]
