@@ -108,6 +108,15 @@ int io_add_link(struct iothread *io, int backend_fd, void *rx, void *tx, uint32_
 struct shm_counters *io_link_counters(struct iothread *io, int link);
 
 /*
+ * Read the links' taps through io_uring (tap_io.h's batched reads) instead
+ * of one readv per frame: after the last io_add_link, before io_start; 0
+ * or -errno (io_uring absent, refused or too old: the links keep readv).
+ * io_shm_release_uring closes the ring; the thread must be stopped.
+ */
+int io_shm_use_uring(struct iothread *io);
+void io_shm_release_uring(struct iothread *io);
+
+/*
  * Serve Solo5's ring at host address `ring` too.  Guest addresses in its
  * entries go through a copy of the guest-memory view `mem` (guestmem.h)
  * limited to [0, usable): a write buffer must be readable, a read buffer

@@ -41,6 +41,9 @@ struct shm_links {
     struct io_link link[SHM_MAX_DEVICES];
     /* Where frames that cannot be delivered are read to be dropped. */
     uint8_t scratch[65536];
+    /* The taps' batched reads (tap_io.h), or NULL: one readv per frame. */
+    struct tap_uring *uring;
+    uint32_t readv_only;    /* links whose tap refused a batched read */
 };
 
 /* Solo5's ring and the taps behind its handles. */

@@ -153,11 +153,98 @@ static int service_rx(struct shm_links *all, struct io_link *l)
     return seen;
 }
 
+/*
+ * Tap -> guest through io_uring (tap_io.h's batched reads): a chain of
+ * reads in flight per link, straight into its free RX slots; completions
+ * reaped in one pass, published once per link.  The drop policy is
+ * service_rx's: an oversize frame is counted and leaves its slot to the
+ * next frame; with the ring full, service_rx reads and drops (no read is
+ * in flight then, so the tap's order is kept).
+ */
+
+/* A frame a chain read into the slot tagged `tag`: delivered in place, or
+ * moved down over the slots oversize or empty reads left (every read
+ * before it has completed: a tap's reads run in order). */
+static void uring_deliver(struct io_link *l, uint32_t tag, uint32_t n,
+                          const struct tap_io_tally *rx)
+{
+    struct shm_slot *s = shm_slot_at(l->rx, l->rx_prod, l->slots);
+
+    if (tag != l->rx_prod)
+        memcpy(s->data, shm_slot_at(l->rx, tag, l->slots)->data, n);
+    __atomic_store_n(&s->len, n, __ATOMIC_RELAXED);
+    l->rx_prod++;
+    tap_io_count_frame(rx, n);
+}
+
+/* A link with no read in flight: a chain over its free slots, or, with no
+ * free slot (or a tap that refused a batched read), service_rx's pass. */
+static int uring_arm(struct shm_links *all, int i)
+{
+    struct io_link *l = &all->link[i];
+    uint32_t space = shm_prod_space(l->rx, l->rx_prod, l->slots), k, n;
+    void *bufs[TAP_URING_CHAIN];
+    uint32_t tags[TAP_URING_CHAIN];
+
+    if (space == SHM_BAD || space == 0 || (all->readv_only & (1u << i)))
+        return service_rx(all, l);
+    n = space < TAP_URING_CHAIN ? space : TAP_URING_CHAIN;
+    for (k = 0; k < n; k++) {
+        tags[k] = l->rx_prod + k;
+        bufs[k] = shm_slot_at(l->rx, tags[k], l->slots)->data;
+    }
+    tap_uring_read_chain(all->uring, (uint32_t)i, bufs, tags, n, SHM_SLOT_DATA);
+    return 0;
+}
+
+static int service_rx_uring(struct shm_links *all)
+{
+    struct tap_uring *u = all->uring;
+    uint32_t moved = 0, link, tag;
+    int32_t res;
+    int i, work = 0;
+
+    for (i = 0; i < all->n; i++)
+        if (!tap_uring_inflight(u, (uint32_t)i))
+            work += uring_arm(all, i);
+    /* A failed kick is tried again next pass; reads in flight stay. */
+    tap_uring_kick(u);
+    while (tap_uring_reap(u, &link, &tag, &res)) {
+        struct io_link *l;
+
+        if (link >= (uint32_t)all->n)
+            continue;
+        l = &all->link[link];
+        work++;
+        if (res > SHM_SLOT_DATA) {
+            l->c.rx_drops_oversize++;
+        } else if (res > 0) {
+            const struct tap_io_tally counted = { .frames = &l->c.rx_frames,
+                                                  .bytes = &l->c.rx_bytes };
+            uring_deliver(l, tag, (uint32_t)res, &counted);
+            moved |= 1u << link;
+        } else if (res < 0 && res != -EAGAIN && res != -EINTR && res != -ECANCELED) {
+            /* The tap refuses reads (gone, detached): readv's path, whose
+             * failure the thread's epoll sees and stops watching. */
+            all->readv_only |= 1u << link;
+        }
+    }
+    for (i = 0; i < all->n; i++)
+        if (moved & (1u << i))
+            publish_rx(all->io, &all->link[i]);
+    return work;
+}
+
 static int links_service(void *ctx)
 {
     struct shm_links *all = ctx;
     int i, work = 0;
 
+    if (all->uring) {
+        for (i = 0; i < all->n; i++)
+            work += service_tx(&all->link[i]);
+        return work + service_rx_uring(all);
+    }
     for (i = 0; i < all->n; i++) {
         struct io_link *l = &all->link[i];
         work += service_tx(l);   /* TX first, as before the split */
@@ -177,6 +264,9 @@ static int links_prepare_sleep(void *ctx)
         if (!shm_cons_prepare_sleep(l->tx, l->tx_cons, l->slots))
             ok = 0;
     }
+    /* Reads completed, or ready to run at the next system call. */
+    if (all->uring && tap_uring_ready(all->uring))
+        ok = 0;
     return ok;
 }
 
@@ -198,6 +288,9 @@ static void links_finish(void *ctx)
     for (i = 0; i < all->n; i++)
         for (rounds = 0; rounds < 64 && service_tx(&all->link[i]); rounds++)
             ;
+    /* No read may still write into the rings once the thread is gone. */
+    if (all->uring)
+        tap_uring_cancel(all->uring);
 }
 
 static const struct io_service_ops links_ops = {
@@ -235,6 +328,36 @@ int io_add_link(struct iothread *io, int backend_fd, void *rx, void *tx, uint32_
     l->rx_prod = l->rx->prod;
     l->tx_cons = l->tx->cons;
     return all->n++;
+}
+
+int io_shm_use_uring(struct iothread *io)
+{
+    struct shm_links *all = &io->shm;
+    int fds[SHM_MAX_DEVICES], i, err;
+
+    if (io->started || all->uring)
+        return -EBUSY;
+    if (all->n == 0)
+        return -EINVAL;
+    for (i = 0; i < all->n; i++)
+        fds[i] = all->link[i].fd;
+    if ((err = tap_uring_open(fds, (uint32_t)all->n, &all->uring)) < 0)
+        return err;
+    /* Completions wake the thread too (a read may take a frame between
+     * its last pass and its sleep, leaving the tap empty). */
+    if ((err = io_watch_fd(io, tap_uring_fd(all->uring))) < 0) {
+        tap_uring_close(all->uring);
+        all->uring = NULL;
+    }
+    return err;
+}
+
+void io_shm_release_uring(struct iothread *io)
+{
+    if (io->started || !io->shm.uring)
+        return;
+    tap_uring_close(io->shm.uring);
+    io->shm.uring = NULL;
 }
 
 struct shm_counters *io_link_counters(struct iothread *io, int link)

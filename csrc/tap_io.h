@@ -67,4 +67,52 @@ int tap_io_write(int fd, const void *buf, uint32_t len, uint32_t min_len,
  * into a staging buffer, delivered later). */
 void tap_io_count_frame(const struct tap_io_tally *t, uint32_t len);
 
+/*
+ * Batched tap reads through io_uring (one ring for several taps): a chain
+ * of reads per tap in flight, each straight into its caller's buffer, run
+ * one after another by the kernel (hard-linked: a short read does not end
+ * the chain), so their completions come back in the order the frames left
+ * the tap.  The ring is restricted before it is enabled: READV on its
+ * registered files only (the taps given to tap_uring_open), and no
+ * registration afterwards but the synchronous cancel of its own reads; a
+ * ring is no way around the sandbox's filter (docs/security.md).  Each
+ * read has the same one-byte overflow iovec as tap_io_read_one, so a frame
+ * too long for the buffer shows as a result of size + 1 (the caller drops
+ * it).  A tap's reads end with its tap's queue; they may stay in flight
+ * while nothing arrives.  Only one thread may queue, kick and reap.
+ */
+#define TAP_URING_MAX_TAPS 16
+/* Reads in flight per tap at most (one chain). */
+#define TAP_URING_CHAIN 32
+
+struct tap_uring;
+
+/* A ring for taps fds[0, n) (n <= TAP_URING_MAX_TAPS), enabled; 0 or
+ * -errno (ENOSYS, EPERM: io_uring absent or refused; EINVAL: a kernel
+ * without what the restrictions or the flags need). */
+int tap_uring_open(const int *fds, uint32_t n, struct tap_uring **out);
+/* Cancel what is in flight (tap_uring_cancel), unmap and close. */
+void tap_uring_close(struct tap_uring *u);
+int tap_uring_fd(const struct tap_uring *u);
+/* Reads of tap `tap` in flight (queued or running, not yet reaped). */
+uint32_t tap_uring_inflight(const struct tap_uring *u, uint32_t tap);
+/* Queue a chain of n reads (n <= TAP_URING_CHAIN, none in flight on that
+ * tap) of up to size bytes into bufs[i], each tagged tags[i]; 0, -EBUSY
+ * (reads in flight) or -EINVAL. Submitted by the next tap_uring_kick. */
+int tap_uring_read_chain(struct tap_uring *u, uint32_t tap, void *const *bufs,
+                         const uint32_t *tags, uint32_t n, uint32_t size);
+/* Submit what is queued and let the kernel run the reads that became
+ * ready, if anything asks for it (one io_uring_enter, none otherwise);
+ * never waits.  0 or -errno. */
+int tap_uring_kick(struct tap_uring *u);
+/* Completions waiting to be reaped, or reads the kernel would run on the
+ * next kick: 1 (do not sleep), else 0. */
+int tap_uring_ready(const struct tap_uring *u);
+/* The next completion: 1 with its tap, tag and result (bytes read, a
+ * frame too long showing as size + 1, or -errno), or 0 if none. */
+int tap_uring_reap(struct tap_uring *u, uint32_t *tap, uint32_t *tag, int32_t *res);
+/* Cancel every read in flight and wait until none is (their results are
+ * discarded): after it, no read will write into a caller's buffer. */
+void tap_uring_cancel(struct tap_uring *u);
+
 #endif
