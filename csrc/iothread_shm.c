@@ -215,17 +215,20 @@ static int service_rx_uring(struct shm_links *all)
         if (link >= (uint32_t)all->n)
             continue;
         l = &all->link[link];
-        work++;
         if (res > SHM_SLOT_DATA) {
             l->c.rx_drops_oversize++;
+            work++;
         } else if (res > 0) {
             const struct tap_io_tally counted = { .frames = &l->c.rx_frames,
                                                   .bytes = &l->c.rx_bytes };
             uring_deliver(l, tag, (uint32_t)res, &counted);
             moved |= 1u << link;
-        } else if (res < 0 && res != -EAGAIN && res != -EINTR && res != -ECANCELED) {
-            /* The tap refuses reads (gone, detached): readv's path, whose
-             * failure the thread's epoll sees and stops watching. */
+            work++;
+        } else if (res == 0 || (res != -EAGAIN && res != -EINTR && res != -ECANCELED)) {
+            /* No tap reads 0 bytes: a backend at end of file, or one that
+             * refuses reads (gone, detached), goes back to readv's path,
+             * which finds no frame there and whose epoll stops watching a
+             * backend that hung up (so it is no work, and no spin). */
             all->readv_only |= 1u << link;
         }
     }

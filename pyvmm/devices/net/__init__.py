@@ -27,7 +27,7 @@ from pyvmm.devices.iothread import MODES
 from pyvmm.devices.net import transport
 from pyvmm.devices.net.device import NetDevice
 from pyvmm.devices.net.hypercalls import NetHypercalls
-from pyvmm.devices.net.transport import SHM_VALUES, NetPlan
+from pyvmm.devices.net.transport import SHM_VALUES, TAP_READ_VALUES, NetPlan
 from pyvmm.kvm.memory import GuestMemory
 from pyvmm.loader import DeviceType, Kernel
 
@@ -63,6 +63,17 @@ class NetKind(BaseKind):
             "(default event; off = plain hypercalls)",
             parse=transport.shm_value,
             complete="|".join(SHM_VALUES),
+            after="--cpl",
+        ),
+        _plan_option(
+            "tap-read",
+            "readv|uring|auto",
+            "shmstream: how the IO thread reads the taps:\n"
+            "one readv per frame, batched through io_uring,\n"
+            "or io_uring where the host allows it\n"
+            "(default readv)",
+            parse=transport.tap_read_value,
+            complete="|".join(TAP_READ_VALUES),
             after="--cpl",
         ),
         _plan_option(
@@ -140,7 +151,7 @@ class NetKind(BaseKind):
         from pyvmm.devices.net.shmstream import ShmStream
 
         layout.write(setup.memory)
-        shm = ShmStream(setup.memory, layout, nets, plan.io, setup.vm)
+        shm = ShmStream(setup.memory, layout, nets, plan.io, setup.vm, tap_read=plan.tap_read)
         setup.stack.callback(shm.close)
         return shm, {
             "host_features": lib.PYVMM_FEATURE_BOOT_EXT,

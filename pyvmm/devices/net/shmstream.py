@@ -10,8 +10,10 @@ Layout and protocol: csrc/shmstream.h, docs/abi.md, docs/modes.md.
 
 from __future__ import annotations
 
+import os
+
 from pyvmm._native import ffi, lib
-from pyvmm.common.errors import UsageError
+from pyvmm.common.errors import HostError, UsageError
 from pyvmm.common.log import log
 from pyvmm.common.record import Record
 from pyvmm.devices.iothread import IoConfig, IoService
@@ -132,6 +134,8 @@ class ShmStream(IoService):
         nets: dict[int, NetDevice],
         config: IoConfig,
         vm,
+        *,
+        tap_read: str = "readv",
     ) -> None:
         self.layout = layout
         self.nets = nets
@@ -157,9 +161,37 @@ class ShmStream(IoService):
                 self.io.add_link(device.fileno(), rx, tx, layout.slots)
                 self.poll_view.rx[i] = ffi.cast("struct shm_ring *", rx)
                 self.poll_view.handle[i] = handle
+            #: How the taps are read, as set up: "readv" or "uring".
+            self.tap_read = self._choose_reader(tap_read)
         except BaseException:
             self.close()
             raise
+
+    def _choose_reader(self, asked: str) -> str:
+        """io_uring's batched reads if asked for and the host gives them
+        (set up now, before the sandbox: its filter refuses io_uring_setup),
+        else one readv per frame (auto) or a refusal (uring); decided once,
+        said at -v."""
+        if asked == "readv":
+            return "readv"
+        err = lib.io_shm_use_uring(self.io.native)
+        if err and asked == "uring":
+            raise HostError(
+                f"--tap-read=uring: io_uring is not available here: {os.strerror(-err)} "
+                "(--tap-read=auto falls back to readv)"
+            )
+        if err:
+            log.info("net: tap reads: readv (io_uring is not available: %s)", os.strerror(-err))
+            return "readv"
+        self._stack.callback(self._release_uring)
+        log.info("net: tap reads: io_uring, up to %d in flight per tap", lib.TAP_URING_CHAIN)
+        return "uring"
+
+    def _release_uring(self) -> None:
+        """The ring closes once the thread is stopped (its last pass cancels
+        the reads still in flight into guest memory)."""
+        self.io.stop()
+        lib.io_shm_release_uring(self.io.native)
 
     def ready_set(self) -> int:
         """Handles whose RX ring holds frames the guest has not consumed
@@ -178,4 +210,9 @@ class ShmStream(IoService):
             self.nets[handle].name: self.io.link_counters(i)
             for i, handle in enumerate(self.layout.handles)
         }
-        return {"mode": self.config.mode, "thread": self.io.thread_counters(), "devices": devices}
+        return {
+            "mode": self.config.mode,
+            "tap_read": self.tap_read,
+            "thread": self.io.thread_counters(),
+            "devices": devices,
+        }

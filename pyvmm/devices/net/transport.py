@@ -4,7 +4,7 @@ Plain hvt hypercalls, pyvmm's shmstream region (for a guest whose
 capability note asks for it) or Solo5's own ring (v0.11+ guests, unless
 --no-net-ring), the latter two at the top of guest memory and served by the
 native IO thread. Also the net kind's kind-wide options (--shm,
---shm-slots, --hybrid-budget, --no-net-ring) and their checks.
+--shm-slots, --tap-read, --hybrid-budget, --no-net-ring) and their checks.
 """
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 # The IO thread mode when --shm is not given (docs/modes.md says why).
 DEFAULT_SHM_MODE = "event"
 SHM_VALUES = ("off", "poll", "event", "hybrid")
+# How the IO thread reads a shmstream device's tap: one readv per frame,
+# batched reads through io_uring, or io_uring where the host allows it
+# (docs/modes.md, "Batched tap reads"). readv until measured better.
+TAP_READ_VALUES = ("readv", "uring", "auto")
+DEFAULT_TAP_READ = "readv"
 # The hybrid budget is microseconds of polling without work; past a second
 # it is poll mode, and the C side holds it in 32 bits.
 MAX_HYBRID_BUDGET_US = 1_000_000
@@ -35,6 +40,12 @@ MAX_HYBRID_BUDGET_US = 1_000_000
 def shm_value(name: str, value: str) -> str:
     if value not in SHM_VALUES:
         raise UsageError(f"{name}: '{value}' is not one of {', '.join(SHM_VALUES)}")
+    return value
+
+
+def tap_read_value(name: str, value: str) -> str:
+    if value not in TAP_READ_VALUES:
+        raise UsageError(f"{name}: '{value}' is not one of {', '.join(TAP_READ_VALUES)}")
     return value
 
 
@@ -61,7 +72,7 @@ def check_options(options: DeviceOptions) -> None:
 class NetPlan:
     """The net devices' path for one run, and what it reserves."""
 
-    __slots__ = ("bottom", "shm_mode", "shm_layout", "solo5_ring_gpa", "io", "_why")
+    __slots__ = ("bottom", "shm_mode", "shm_layout", "solo5_ring_gpa", "io", "tap_read", "_why")
 
     def __init__(
         self,
@@ -71,6 +82,7 @@ class NetPlan:
         solo5_ring_gpa: int | None,
         io: IoConfig,
         why: str,
+        tap_read: str = DEFAULT_TAP_READ,
     ) -> None:
         self.bottom = bottom
         #: "off" or the IO thread mode serving a shmstream region.
@@ -79,6 +91,8 @@ class NetPlan:
         #: Where Solo5's own ring lives, when the guest gets it.
         self.solo5_ring_gpa = solo5_ring_gpa
         self.io = io
+        #: How the IO thread reads the shmstream devices' taps (TAP_READ_VALUES).
+        self.tap_read = tap_read
         self._why = why  # why plain hypercalls, when neither ring
 
     def explain(self) -> list[str]:
@@ -86,7 +100,8 @@ class NetPlan:
             layout = self.shm_layout
             return [
                 f"net: shmstream region at {layout.gpa:#x} ({layout.size // MIB} MiB, "
-                f"{layout.slots} slots per ring), IO thread in {self.shm_mode} mode"
+                f"{layout.slots} slots per ring), IO thread in {self.shm_mode} mode, "
+                f"tap reads: {self.tap_read}"
             ]
         if self.solo5_ring_gpa is not None:
             return [
@@ -104,11 +119,13 @@ def plan_net(config: RunSettings, kernel: Kernel, requests: list[Request], top: 
     options = config.devices
     shm = kind_setting(options, "shm")
     slots = kind_setting(options, "shm-slots")
+    tap_read = kind_setting(options, "tap-read")
     nets = tuple(sorted(r.handle for r in requests))
     shm_mode = choose_shm(shm, kernel, bool(nets))
-    if slots is not None and shm_mode == "off":
-        why = "--shm=off" if shm == "off" else "no net device or no shmstream driver"
-        raise UsageError(f"--shm-slots: {kernel.path} gets no shmstream region ({why})")
+    for flag, given in (("--shm-slots", slots), ("--tap-read", tap_read)):
+        if given is not None and shm_mode == "off":
+            why = "--shm=off" if shm == "off" else "no net device or no shmstream driver"
+            raise UsageError(f"{flag}: {kernel.path} gets no shmstream region ({why})")
     layout = None
     bottom = top
     if shm_mode != "off":
@@ -136,7 +153,7 @@ def plan_net(config: RunSettings, kernel: Kernel, requests: list[Request], top: 
             why = "--no-net-ring"
         else:
             why = "ABI version 1 or no ring driver"
-    return NetPlan(bottom, shm_mode, layout, ring_gpa, io, why)
+    return NetPlan(bottom, shm_mode, layout, ring_gpa, io, why, tap_read or DEFAULT_TAP_READ)
 
 
 def choose_shm(requested: str | None, kernel: Kernel, has_nets: bool) -> str:
