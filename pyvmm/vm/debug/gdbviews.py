@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pyvmm.arch.x86_64.cpu import RFLAGS_RESERVED, RFLAGS_TF
 from pyvmm.common.errors import GuestFault
 from pyvmm.vm.debug import gdbregs
 
@@ -18,7 +19,6 @@ if TYPE_CHECKING:
     from pyvmm.arch.x86_64.traps import Frame
     from pyvmm.kvm import Vcpu
 
-RFLAGS_TF = 1 << 8
 #: The rflags bits a debugger may set (no reserved bit, no VM or IOPL).
 _RFLAGS_WRITABLE = 0x3F7FD7
 
@@ -41,7 +41,7 @@ class VcpuView:
         regs = get_regs(self.vcpu)
         for name, value in values.items():
             if name == "eflags":
-                regs.rflags = (value & _RFLAGS_WRITABLE) | 2
+                regs.rflags = (value & _RFLAGS_WRITABLE) | RFLAGS_RESERVED
             elif hasattr(regs, name):
                 setattr(regs, name, value)
         set_regs(self.vcpu, regs)
@@ -84,7 +84,7 @@ class FrameView:
             elif name == "rsp":
                 frame.rsp = value
             elif name == "eflags":
-                frame.rflags = (value & _RFLAGS_WRITABLE) | 2
+                frame.rflags = (value & _RFLAGS_WRITABLE) | RFLAGS_RESERVED
             elif name in ("fs_base", "gs_base"):
                 getattr(frame.sregs, name[:2]).base = value
                 frame.sregs_dirty = True
