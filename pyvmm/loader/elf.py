@@ -15,10 +15,13 @@ from collections.abc import Callable
 from pyvmm.common.errors import LoaderError
 from pyvmm.common.record import Record
 
-# Elf64_Ehdr, Elf64_Phdr and Elf64_Nhdr, little-endian.
+# Elf64_Ehdr, Elf64_Phdr and Elf64_Nhdr, little-endian; Elf64_Shdr and
+# Elf64_Sym for the fault report's symbols (vm/debug/symbols.py).
 EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 PHDR = struct.Struct("<IIQQQQQQ")
 NHDR = struct.Struct("<III")
+SHDR = struct.Struct("<IIQQQQIIQQ")
+SYM = struct.Struct("<IBBHQQ")
 
 ELF_MAGIC = b"\x7fELF"
 ELFCLASS32 = 1

@@ -16,10 +16,10 @@ import bisect
 import os
 import struct
 
-_EHDR_SHOFF = struct.Struct("<Q")  # e_shoff at 40
-_EHDR_SHTAB = struct.Struct("<HHH")  # e_shentsize, e_shnum, e_shstrndx at 58
-_SHDR = struct.Struct("<IIQQQQIIQQ")
-_SYM = struct.Struct("<IBBHQQ")
+from pyvmm.loader.elf import EHDR
+from pyvmm.loader.elf import SHDR as _SHDR
+from pyvmm.loader.elf import SYM as _SYM
+
 _SHT_SYMTAB = 2
 _STT_NOTYPE, _STT_OBJECT, _STT_FUNC = 0, 1, 2
 _SHN_UNDEF, _SHN_LORESERVE = 0, 0xFF00
@@ -112,12 +112,12 @@ class SymbolFile:
         if self._identify() != self._identity:
             return []  # not the file that was loaded
         head = self._identity[1]
-        if len(head) < 64:
+        if len(head) < EHDR.size:
             return []
         if head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
             return []
-        (shoff,) = _EHDR_SHOFF.unpack_from(head, 40)
-        shentsize, shnum, _ = _EHDR_SHTAB.unpack_from(head, 58)
+        fields = EHDR.unpack_from(head)
+        shoff, shentsize, shnum = fields[6], fields[11], fields[12]
         if shentsize != _SHDR.size or not 0 < shnum <= 0xFFFF:
             return []
         table = self._pread(shnum * _SHDR.size, shoff)
