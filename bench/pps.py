@@ -5,7 +5,7 @@
                          [--guest PATH] [--cpl auto,0,deprivileged]
                          [--ring-guest PATH] [--ring-modes event] [--budgets 50,2000]
                          [--solo5] [--solo5-hvt-seconds 1]
-                         [--checkout NAME=DIR] [--peer NAME=PATH [--peer-guest PATH]]
+                         [--tap-read readv,uring] [--checkout NAME=DIR] [--peer NAME=PATH [--peer-guest PATH]]
                          [--sender packet|udp] [--no-tx] [--no-latency]
                          [--out PREFIX] [--quick]
     python3 bench/pps.py --redraw PREFIX.json
@@ -180,6 +180,8 @@ class Tender:
             budget = case.get("budget") or args.budget
             if budget and shm == "hybrid":
                 argv += [f"--hybrid-budget={budget}"]
+            if case.get("tap_read"):
+                argv += [f"--tap-read={case['tap_read']}"]
             if args.no_sandbox:
                 argv += ["--no-sandbox"]
             if case.get("py"):
@@ -656,12 +658,17 @@ def cases(args) -> list[dict]:
                 raise SystemExit(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
             shm = "off" if mode.startswith("off") else mode
             budgets = [int(b) for b in args.budgets.split(",") if b] if shm == "hybrid" else []
-            for budget in budgets or [0]:
+            readers = [r for r in args.tap_read.split(",") if r] if shm != "off" else []
+            for budget, reader in [(b, r) for b in budgets or [0] for r in readers or [""]]:
                 rows.append(
                     {
-                        "label": mode + (f"-{budget}us" if budget else "") + suffix,
+                        "label": mode
+                        + (f"-{budget}us" if budget else "")
+                        + (f"-{reader}" if reader else "")
+                        + suffix,
                         "tender": "pyvmm",
                         "shm": shm,
+                        "tap_read": reader,
                         "cpl": cpl,
                         "py": mode == "off-py",
                         "budget": budget,
@@ -975,6 +982,11 @@ def main() -> int:
         help=f"no `{BASELINE}` row (the guest programs as a plain process on the tap)",
     )
     parser.add_argument("--slots", type=int, default=0, help="--shm-slots (0: default)")
+    parser.add_argument(
+        "--tap-read",
+        default="",
+        help="shm rows once per --tap-read value, e.g. readv,uring (rows MODE-READER)",
+    )
     parser.add_argument("--budget", type=int, default=0, help="--hybrid-budget in us (0: default)")
     parser.add_argument(
         "--budgets",
