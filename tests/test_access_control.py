@@ -8,6 +8,7 @@ test, so a mode that is not set by pyvmm itself shows as the widest one.
 |---|---|---|---|
 | `serve --api-sock` socket | 0600 [1] | launcher's user | EACCES; 403 if chmod 0666 [2] |
 | the launcher's socketpairs | no name [3] | - | nothing to connect to |
+| a VM's `"stdout"` file [8] | 0644 less umask | launcher's user | cannot write it |
 | `--gdb-socket` | the umask's [4] | the `--user` | EACCES (umask 022) |
 | `--dumpcore` core | 0600 [5] | the `--user` | cannot read it |
 | `--snapshot-dir` and files | 0700, 0600 [6] | who runs pyvmm | cannot list or read |
@@ -26,6 +27,8 @@ test, so a mode that is not set by pyvmm itself shows as the widest one.
     own, so it stays the user who ran pyvmm, also with --user.
 [7] not documented as owner-only (counters and timings, no guest data):
     created as a shell's redirection would be.
+[8] a console file the launcher creates at a path a request names
+    (docs/serve.md), opened by the VM's process before its guest runs.
 
 Known gap (xfail, strict): the gdb socket's mode is the umask's, and the
 stub checks no peer credentials, so under umask 000 any local user can
@@ -255,6 +258,21 @@ def test_the_launchers_only_named_socket_is_its_api_socket(shared_dir):
         assert status == 200
     finally:
         server.stop()
+
+
+def test_a_console_file_the_launcher_creates_is_not_writable_by_others(shared_dir):
+    server = launcher(shared_dir)
+    console = shared_dir / "console"
+    try:
+        status, vm = server.create("--mem=64", guest("hello"), stdout=str(console), wait=True)
+        assert status == 200 and vm["exit_status"] == 0, vm
+    finally:
+        server.stop()
+    assert "SUCCESS" in console.read_text()
+    info = console.lstat()
+    assert stat.S_ISREG(info.st_mode)
+    assert (mode_of(console), info.st_uid) == (0o644, os.geteuid())
+    assert as_uid(NOBODY, lambda: write_file(str(console))) == EACCES
 
 
 # -- the gdb socket -------------------------------------------------------------------
