@@ -2,11 +2,16 @@
 namespace the test creates: a flood whose every payload the guest checks
 arrives intact and in order, with the host's counts exact, and the run is
 sandboxed (the command's default), so the filter lets the ring's calls
-through; ping, and the option's checks. docs/modes.md, "Batched tap reads"."""
+through; ping; where io_uring is absent (a seccomp filter the test puts
+on the child makes io_uring_setup fail), auto falls back to readv and says
+so at -v, and uring is a one-line error; and the option's checks.
+docs/modes.md, "Batched tap reads"."""
 
 from __future__ import annotations
 
+import ctypes
 import json
+import platform
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -98,6 +103,86 @@ def test_ping_through_uring_reads(mode):
     dev = stats["shmstream"]["devices"]["service0"]
     assert stats["shmstream"]["tap_read"] == "uring"
     assert dev["rx_frames"] >= 5 and dev["tx_frames"] >= 5
+
+
+# A classic BPF seccomp program, installed in the child before exec:
+# io_uring_setup fails with ENOSYS, as on a kernel built without io_uring;
+# every other call is allowed (pyvmm's own sandbox stacks on top of it).
+_AUDIT_ARCH_X86_64 = 0xC000003E
+_NR_IO_URING_SETUP = 425
+_ERRNO_ENOSYS = 0x00050000 | 38
+_ALLOW = 0x7FFF0000
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [
+        ("code", ctypes.c_uint16),
+        ("jt", ctypes.c_uint8),
+        ("jf", ctypes.c_uint8),
+        ("k", ctypes.c_uint32),
+    ]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def without_io_uring() -> None:
+    """preexec_fn: this process and what it execs get no io_uring."""
+    program = (_SockFilter * 6)(
+        (0x20, 0, 0, 4),  # load the architecture
+        (0x15, 0, 3, _AUDIT_ARCH_X86_64),  # another one: allow
+        (0x20, 0, 0, 0),  # load the call's number
+        (0x15, 0, 1, _NR_IO_URING_SETUP),
+        (0x06, 0, 0, _ERRNO_ENOSYS),
+        (0x06, 0, 0, _ALLOW),
+    )
+    prog = _SockFprog(len(program), program)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(38, 1, 0, 0, 0) or libc.prctl(22, 2, ctypes.byref(prog), 0, 0):
+        raise OSError(ctypes.get_errno(), "seccomp")
+
+
+x86_only = pytest.mark.skipif(platform.machine() != "x86_64", reason="the filter is x86_64's")
+
+
+@x86_only
+def test_auto_falls_back_to_readv_where_io_uring_is_absent_and_says_so():
+    with namespace() as ns:
+        proc, head = ns.start_pyvmm(
+            helpers.STATS,
+            "-v",
+            "--shm=event",
+            "--tap-read=auto",
+            "--net:service0=tap100",
+            f"--net-mac:service0={GUEST_MAC}",
+            guest("ping"),
+            GUEST_IP,
+            "2",
+            preexec_fn=without_io_uring,
+        )
+        helpers.ping(ns, GUEST_IP, 2)
+        _, stats, err = finish(proc, head)
+    assert "net: tap reads: readv (io_uring is not available: Function not implemented)" in err
+    assert stats["shmstream"]["tap_read"] == "readv"
+    assert stats["shmstream"]["devices"]["service0"]["rx_frames"] >= 2
+
+
+@x86_only
+def test_uring_asked_for_where_io_uring_is_absent_is_one_line_error():
+    with namespace() as ns:
+        result = ns.run(
+            [sys.executable, "-m", "pyvmm", "--shm=event", "--tap-read=uring"]
+            + ["--net:service0=tap100", guest("ping"), GUEST_IP, "1"],
+            capture_output=True,
+            text=True,
+            preexec_fn=without_io_uring,
+        )
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        "pyvmm: --tap-read=uring: io_uring is not available here: Function not implemented "
+        "(--tap-read=auto falls back to readv)"
+    ], result.stderr
 
 
 def test_readv_stays_the_default_reader():
