@@ -6,7 +6,9 @@ The same checks as the readv path's (tests/unit/test_iothread.py): frames
 intact and in order across ring wrap and chains; oversize frames dropped
 and counted, the frames after them moved down so that no slot is lost;
 the full ring's drops counted exactly; empty reads never published; every
-threaded mode moving every frame in order; and the ring itself: restricted
+threaded mode moving every frame in order; a hostile guest scribbling
+over its rings while reads are in flight, the host writing only its own
+fields; and the ring itself: restricted
 (no registration after it is enabled), every read cancelled once the
 thread stops (no write into the rings afterwards), no fd left behind.
 """
@@ -16,9 +18,11 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import random
 import socket
 import time
 
+import numpy as np
 import pytest
 
 from pyvmm._native import ffi, lib
@@ -269,3 +273,37 @@ def test_more_taps_than_a_ring_serves_are_refused():
     fds = ffi.new("int[]", [0] * (lib.TAP_URING_MAX_TAPS + 1))
     assert lib.tap_uring_open(fds, lib.TAP_URING_MAX_TAPS + 1, out) == -errno.EINVAL
     assert lib.tap_uring_open(fds, 0, out) == -errno.EINVAL
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_hostile_guest_never_makes_uring_reads_write_outside_the_hosts_fields(rigs, seed: int):
+    """The guest scribbles over every field of its rings between passes,
+    with reads in flight; the host only ever writes what it owns (RX
+    lengths and data, RX prod, TX cons) and keeps serving."""
+    rnd = random.Random(seed)
+    slots = rnd.choice([2, 8, 64])
+    rig = rigs(slots=slots)
+    writable = rig.host_writable()
+    seq = 0
+    for _ in range(60):
+        step = rnd.randrange(6)
+        if step == 0:
+            rig.rx.cons = rnd.choice([0, MASK, rnd.getrandbits(32), (int(rig.rx.prod) + 1) & MASK])
+        elif step == 1:
+            rig.rx.cons = int(rig.rx.prod)  # an honest guest: everything consumed
+        elif step == 2:
+            ring = rig.rx if rnd.random() < 0.5 else rig.tx
+            field = rnd.choice(["slots", "slot_size", "cons_sleeping", "prod"])
+            setattr(ring, field, rnd.getrandbits(32))
+        elif step == 3:
+            sizes = [rnd.choice([1, 60, SLOT_DATA, SLOT_DATA + 1, 4000]) for _ in range(5)]
+            rig.backend_send([frame(seq + i, n) for i, n in enumerate(sizes)])
+            seq += len(sizes)
+        for _ in range(rnd.randrange(1, 4)):
+            before = rig.mem.copy()
+            rig.serve()
+            changed = np.flatnonzero(rig.mem != before)
+            outside = changed[~writable[changed]]
+            assert outside.size == 0, f"the host wrote at {outside[:8]} (not its fields)"
+    assert rig.guards_intact()
+    rig.close()  # stops, cancels what is in flight, closes the ring: no hang
