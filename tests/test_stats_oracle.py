@@ -12,8 +12,9 @@ overflows and the kernel drops frames. Then:
   the tail up to the final record add up to the final cumulative counter,
   which equals what the guest itself counted (udpsink's report on its
   console; s5ring keeps no count, so there the kernel's stands in);
-- each row of the live view shows, for every frame and byte column, that
-  interval's count divided by that interval's own duration (the difference
+- each row of the live view shows, in its frame, byte, tap drop, exit, IO
+  thread and CPU columns (read by their headings, as docs/stats.md defines
+  them), that interval's count divided by its own duration (the difference
   of the two snapshots' ``seconds``), to the row's whole-number rounding;
   so the rows' rates times their durations rebuild the interval counts;
 - the frames the guest got equal the tap's own kernel counters read with
@@ -29,6 +30,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from collections.abc import Callable
 
 import pytest
 from test_stats import live_rows
@@ -178,18 +180,51 @@ def test_each_rate_is_its_interval_count_over_its_own_duration(flooded_run):
         duration = snap["seconds"] - prev["seconds"]
         assert duration > 0
         assert float(row["time: s"]) == pytest.approx(snap["seconds"], abs=0.05 + 1e-9)
-        for column, path, unit in (
-            ("net service0: rx fr/s", frames_path, 1),
-            ("net service0: rx kB/s", bytes_path, 1000),
-        ):
-            count = counter(snap, path) - counter(prev, path)
+        for column, read, unit in columns(snap, frames_path, bytes_path):
+            count = read(snap) - read(prev)
             shown = int(row[column])
             assert abs(shown - count / duration / unit) <= 0.5 + 1e-6, (column, shown, count)
             if unit == 1:
-                moved += count
                 # The rate times the duration gives the count back, to rounding.
-                assert abs(shown * duration - count) <= 0.5 * duration + 1e-6
+                assert abs(shown * duration - count) <= 0.5 * duration + 1e-6, column
+        moved += counter(snap, frames_path) - counter(prev, frames_path)
     assert moved > 0  # the flood fell inside the checked intervals
+
+
+def io_counter(section: str, key: str) -> Callable[[dict], float]:
+    """The IO thread's counter ``key`` (struct io_stats, or its CPU time)."""
+    return lambda snap: snap[section]["thread"][key]
+
+
+def tap_drops(snap: dict) -> int:
+    """Both directions of every tap, as the kernel counted them."""
+    return sum(t["tx_dropped"] + t["rx_dropped"] for t in snap["taps"].values())
+
+
+#: A live column: its heading, the snapshot's counter it is the rate of,
+#: and the unit the rate is shown in.
+Column = tuple[str, Callable[[dict], float], float]
+
+
+def columns(snap: dict, frames_path: tuple, bytes_path: tuple) -> list[Column]:
+    """The live view's columns as docs/stats.md defines them."""
+    found: list[Column] = [
+        ("net service0: rx fr/s", lambda s: counter(s, frames_path), 1),
+        ("net service0: rx kB/s", lambda s: counter(s, bytes_path), 1000),
+        ("dropped: tap/s", tap_drops, 1),
+        ("VM exits: KVM/s", lambda s: s["kvm"]["exits"], 1),
+        ("VM exits: to pyvmm/s", lambda s: sum(s["exits_to_pyvmm"].values()), 1),
+        ("CPU: vCPU %", lambda s: s["vcpu_thread_cpu_ns"], 1e7),
+    ]
+    for section in ("shmstream", "solo5_ring"):
+        if section in snap:
+            found += [
+                ("IO thread: kicks/s", io_counter(section, "kicks"), 1),
+                ("IO thread: epoll/s", io_counter(section, "wakeups"), 1),
+                ("IO thread: spins/s", io_counter(section, "idle_spins"), 1),
+                ("CPU: IO %", io_counter(section, "cpu_ns"), 1e7),
+            ]
+    return found
 
 
 def test_the_guests_frames_match_the_taps_kernel_counters(flooded_run):
