@@ -9,7 +9,7 @@ test, so a mode that is not set by pyvmm itself shows as the widest one.
 | `serve --api-sock` socket | 0600 [1] | launcher's user | EACCES; 403 if chmod 0666 [2] |
 | the launcher's socketpairs | no name [3] | - | nothing to connect to |
 | a VM's `"stdout"` file [8] | 0644 less umask | launcher's user | cannot write it |
-| `--gdb-socket` | the umask's [4] | the `--user` | EACCES (umask 022) |
+| `--gdb-socket` | 0600 [4] | the `--user` | EACCES; refused if chmod 0666 [4] |
 | `--dumpcore` core | 0600 [5] | the `--user` | cannot read it |
 | `--snapshot-dir` and files | 0700, 0600 [6] | who runs pyvmm | cannot list or read |
 | `--stats-json` file | 0666 less umask [7] | who runs pyvmm | - |
@@ -20,8 +20,8 @@ test, so a mode that is not set by pyvmm itself shows as the widest one.
 [3] its wake-up pair and each VM's channel (SOCK_SEQPACKET): the API
     socket is the only named one the launcher or its VMs hold (checked in
     the kernel's /proc/net/unix, paths and abstract names alike).
-[4] docs/debugging.md: "a Unix socket whose file mode says who may
-    connect"; pyvmm does not set the mode, the umask does.
+[4] docs/debugging.md: owner-only whatever the umask, and the peer's
+    uid checked at accept (root, pyvmm's user or the --user).
 [5] docs/debugging.md: made with O_TMPFILE after --user dropped privileges.
 [6] docs/snapshots.md; a restore demands the directory be the restorer's
     own, so it stays the user who ran pyvmm, also with --user.
@@ -30,9 +30,9 @@ test, so a mode that is not set by pyvmm itself shows as the widest one.
 [8] a console file the launcher creates at a path a request names
     (docs/serve.md), opened by the VM's process before its guest runs.
 
-Known gap (xfail, strict): the gdb socket's mode is the umask's, and the
-stub checks no peer credentials, so under umask 000 any local user can
-connect first and read and write the guest's memory and registers.
+The gdb socket is owner-only whatever the umask (mode set on the socket
+before bind), and the stub also checks the peer's credentials
+(host/peer.py), so a mode widened by hand lets no other user debug.
 """
 
 from __future__ import annotations
@@ -316,18 +316,39 @@ def test_the_gdb_socket_goes_to_the_user_and_keeps_others_out_under_umask_022(sh
         stop(vm)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the gdb socket's mode is whatever the umask leaves and the stub checks no "
-    "peer credentials: under umask 000 any local user connects and debugs the guest",
-)
 def test_another_user_cannot_connect_to_the_gdb_socket_whatever_the_umask(shared_dir):
     path = shared_dir / "gdb.sock"
     vm = gdb_socket(path)
     try:
+        assert mode_of(path) == 0o600
         assert as_uid(NOBODY, lambda: connect(str(path))) == EACCES
     finally:
         stop(vm)
+
+
+def recv_after_connect(path: str) -> str:
+    """What the other end does with a connection: 'closed' when it hangs up."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(20)
+        sock.connect(path)
+        return "closed" if sock.recv(1) == b"" else "kept"
+
+
+def test_a_peer_let_in_by_a_widened_mode_is_refused_and_gdb_still_connects(shared_dir):
+    path = shared_dir / "gdb.sock"
+    vm = gdb_socket(path)
+    try:
+        path.chmod(0o666)  # by hand, after pyvmm made it owner-only
+        assert as_uid(NOBODY, lambda: recv_after_connect(str(path))) == "closed"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(20)
+            sock.connect(str(path))  # root: still the debugger's socket
+            sock.sendall(b"$?#3f")
+            assert sock.recv(1) == b"+"
+    finally:
+        vm.terminate()
+        _, err = vm.communicate(timeout=30)
+    assert f"pyvmm: gdb: refused a connection from uid {NOBODY}" in err
 
 
 # -- files ----------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from pyvmm.serve import http
 from pyvmm.serve.events import MAX_MESSAGE, BadMessage, parse_event
 from pyvmm.serve.http import HttpError, Request, error_body
 from pyvmm.serve.limits import Limits
-from pyvmm.serve.peer import peer_uid, trusted
+from pyvmm.host.peer import peer_uid, trusted
 from pyvmm.serve.relay import StderrRelay
 from pyvmm.serve.routes import API_VERSION, route
 from pyvmm.serve.vms import (

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 from pyvmm._native import ffi, lib
 from pyvmm.common.errors import GuestFault, HostError, PyvmmError, Stopped, UsageError
 from pyvmm.common.sizes import PAGE_SIZE
+from pyvmm.host.peer import peer_uid, trusted
 from pyvmm.vm.debug import gdbregs
 from pyvmm.vm.debug.gdbviews import FaultView, FrameView, VcpuView
 from pyvmm.vm.debug.rsp import MAX_PACKET, Connection, Disconnected, StopRequested, escape
@@ -110,6 +111,8 @@ class GdbStub:
         self.stop_fd = stop_fd
         self.conn: Connection | None = None
         self.listener: socket.socket | None = None
+        #: Who may connect besides root and pyvmm's own user (--user).
+        self.allowed: frozenset[int] = frozenset()
         self.breakpoints: dict[int, bytes | None] = {}  # address -> int3's saved byte
         self.hardware: dict[tuple[int, int, int], None] = {}  # (Z type, address, length)
         self.stepping = False
@@ -132,6 +135,9 @@ class GdbStub:
                     raise HostError(f"--gdb-socket: {ep.path} exists (pyvmm replaces no file)")
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 try:
+                    # Owner only, whatever the umask: bind(2) gives the
+                    # path the socket inode's mode (less the umask).
+                    os.fchmod(sock.fileno(), 0o600)
                     sock.bind(ep.path)
                 except OSError:
                     sock.close()
@@ -162,6 +168,7 @@ class GdbStub:
             entry = pwd.getpwnam(user)
         except KeyError:
             return  # --user itself reports it
+        self.allowed = frozenset({entry.pw_uid})
         try:
             os.chown(self.endpoint.path, entry.pw_uid, entry.pw_gid)
         except OSError as err:
@@ -185,9 +192,20 @@ class GdbStub:
                 raise HostError(f"gdb: waiting for a connection: {os.strerror(-n)}")
             if n > 0 and ready[0] & 2:
                 self._stopped()
-            if n > 0 and ready[0] & 1:
+            if not (n > 0 and ready[0] & 1):
+                continue
+            conn, _ = self.listener.accept()
+            if conn.family != socket.AF_UNIX or trusted(peer_uid(conn), self.allowed):
                 break
-        conn, _ = self.listener.accept()
+            # The socket's mode keeps others out; a peer that got in anyway
+            # (a mode widened by hand) is not the debugger.
+            print(
+                f"pyvmm: gdb: refused a connection from uid {peer_uid(conn)} "
+                "(root, pyvmm's user or --user only)",
+                file=sys.stderr,
+                flush=True,
+            )
+            conn.close()
         self._close_listener()  # one session: nothing else may connect
         if conn.family == socket.AF_INET:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
