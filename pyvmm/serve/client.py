@@ -23,8 +23,8 @@ import sys
 import time
 from typing import Any
 
-from pyvmm.serve import http
 from pyvmm.host.peer import peer_uid, trusted
+from pyvmm.serve import http
 from pyvmm.serve.routes import API_VERSION
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -32,11 +32,11 @@ from typing import Any
 from pyvmm import __version__
 from pyvmm.common.errors import PyvmmError, stop_message
 from pyvmm.common.stopping import internal_error
+from pyvmm.host.peer import peer_uid, trusted
 from pyvmm.serve import http
 from pyvmm.serve.events import MAX_MESSAGE, BadMessage, parse_event
 from pyvmm.serve.http import HttpError, Request, error_body
 from pyvmm.serve.limits import Limits
-from pyvmm.host.peer import peer_uid, trusted
 from pyvmm.serve.relay import StderrRelay
 from pyvmm.serve.routes import API_VERSION, route
 from pyvmm.serve.vms import (
