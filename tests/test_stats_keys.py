@@ -179,6 +179,8 @@ SHM_DEVICE = (
 SHM = {
     "shmstream",
     "shmstream.mode",
+    # Added within pyvmm-stats/1 (new keys may appear): how the taps are read.
+    "shmstream.tap_read",
     "shmstream.thread",
     *(
         f"shmstream.thread.{k}"
