@@ -62,8 +62,9 @@ checks every payload byte; a frame with a bad pattern is an error). Rows:
   stock solo5-hvt); a peer has no counters, so its row gives what the guest
   and the tap say and the process's CPU time from /proc.
 
-Each row runs --repeat times (all rows once, then again: drift spreads over
-every row alike); the table gives the median and, for received pps, the
+Each row runs --repeat times (all rows once, then again, each repeat
+starting at another row: drift and a row's place spread over every row
+alike); the table gives the median and, for received pps, the
 spread (max - min over the median). Columns: offered pps (sender), tap
 pps (frames the tap handed to the tender) and tap drop/s, rx pps (the
 guest's own count over its first-to-last frame), frames and errors (pattern
@@ -1128,8 +1129,11 @@ def main() -> int:
         kind: str, run, summarize, selected: list[dict], ratio_of: str | None = None
     ) -> list[dict]:
         runs: dict[str, list] = {r["label"]: [] for r in selected}
-        for _ in range(args.repeat):
-            for case in selected:
+        for rep in range(args.repeat):
+            # Each repeat starts further down the list, so no row always
+            # runs first (or right after the same neighbour).
+            start = rep * len(selected) // args.repeat
+            for case in selected[start:] + selected[:start]:
                 try:
                     runs[case["label"]].append(run(case, args))
                 except RuntimeError as err:
