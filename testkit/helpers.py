@@ -1,6 +1,6 @@
 """What several tests need, written once: frame patterns, the --stats line
-parser, the ping invocation, patching a guest's ABI note, and values the
-command line refuses."""
+parser, the ping invocation, patching a guest's ABI note, a test's own
+guest built against guests/runtime, and values the command line refuses."""
 
 from __future__ import annotations
 
@@ -89,6 +89,44 @@ def ping(ns: Any, address: str, count: int, interval: float = 0.2) -> subprocess
 
 
 # -- unikernel files ---------------------------------------------------------------
+
+GUEST_SRC = Path(__file__).resolve().parents[1] / "guests"
+
+
+def _make_var(name: str) -> list[str]:
+    """A variable of guests/Makefile, so a test's guest builds as the others do."""
+    out = subprocess.run(
+        ["make", "-s", "--no-print-directory", "--eval", "print-%: ; @echo $($*)", f"print-{name}"],
+        cwd=GUEST_SRC,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.split()
+
+
+def build_runtime_guest(source: str, out: Path, name: str) -> Path:
+    """``out/NAME.hvt`` from C ``source``, compiled and linked against the
+    built guest runtime with guests/Makefile's own flags; AssertionError if
+    the runtime is not built (``make -C guests``)."""
+    (out / f"{name}.c").write_text(source)
+    cflags = [f for f in _make_var("CFLAGS") if f not in ("-MMD", "-MP")]
+    lib = _make_var("LIB")
+    objects = _make_var("ALWAYS_OBJS") + lib
+    assert all((GUEST_SRC / o).exists() for o in objects), (
+        "the guest runtime is not built: run 'make -C guests' first"
+    )
+    obj, binary = out / f"{name}.o", out / f"{name}.hvt"
+    subprocess.run(["gcc", *cflags, "-c", "-o", obj, out / f"{name}.c"], cwd=GUEST_SRC, check=True)
+    subprocess.run(
+        ["gcc", *_make_var("LDFLAGS"), "-o", binary, *objects[:-1], obj]
+        + lib
+        + _make_var("LDLIBS"),
+        cwd=GUEST_SRC,
+        check=True,
+    )
+    return binary
+
 
 ABI1_NOTE_TYPE = 0x31494241  # "ABI1"
 MANIFEST_NOTE_TYPE = 0x3154464D  # "MFT1"

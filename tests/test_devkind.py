@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from testkit import helpers
 
 pytestmark = [pytest.mark.kvm]
 
-GUEST_SRC = ROOT / "guests"
 
 # Asks twice (14 -> 43, 100 -> 301: the IO thread's answer is 3v+1), then a
 # handle that is no test device (EINVAL), then SUCCESS.
@@ -65,37 +65,9 @@ sys.exit(status)
 """
 
 
-def make_var(name: str) -> list[str]:
-    """A variable of guests/Makefile, so this guest builds as the others do."""
-    out = subprocess.run(
-        ["make", "-s", "--no-print-directory", "--eval", "print-%: ; @echo $($*)", f"print-{name}"],
-        cwd=GUEST_SRC,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out.stdout.split()
-
-
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("probe")
-    (out / "probe.c").write_text(PROBE_C)
-    cflags = [f for f in make_var("CFLAGS") if f not in ("-MMD", "-MP")]
-    objects = make_var("ALWAYS_OBJS") + make_var("LIB")
-    if not all((GUEST_SRC / o).exists() for o in objects):
-        pytest.fail("the guest runtime is not built: run 'make -C guests' first")
-    subprocess.run(
-        ["gcc", *cflags, "-c", "-o", out / "probe.o", out / "probe.c"], cwd=GUEST_SRC, check=True
-    )
-    subprocess.run(
-        ["gcc", *make_var("LDFLAGS"), "-o", out / "probe.hvt", *objects[:-1], out / "probe.o"]
-        + make_var("LIB")
-        + make_var("LDLIBS"),
-        cwd=GUEST_SRC,
-        check=True,
-    )
-    return out / "probe.hvt"
+    return helpers.build_runtime_guest(PROBE_C, tmp_path_factory.mktemp("probe"), "probe")
 
 
 def pyvmm(*args: str, registered: bool = True) -> subprocess.CompletedProcess:

@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, engine_env, guest
+from conftest import engine_env, guest
 from testkit import helpers
 from testkit.netns import NetNamespace
 
 pytestmark = [pytest.mark.kvm, pytest.mark.netns]
 
-GUEST_SRC = ROOT / "guests"
 
 # One of each: a block write and read, a frame out, a read that finds
 # nothing, a poll, then SUCCESS.
@@ -67,37 +65,9 @@ int solo5_app_main(const struct solo5_start_info *si)
 """
 
 
-def make_var(name: str) -> list[str]:
-    """A variable of guests/Makefile, so this guest builds as the others do."""
-    out = subprocess.run(
-        ["make", "-s", "--no-print-directory", "--eval", "print-%: ; @echo $($*)", f"print-{name}"],
-        cwd=GUEST_SRC,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out.stdout.split()
-
-
 @pytest.fixture(scope="module")
 def netblk(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("netblk")
-    (out / "netblk.c").write_text(NETBLK_C)
-    cflags = [f for f in make_var("CFLAGS") if f not in ("-MMD", "-MP")]
-    objects = make_var("ALWAYS_OBJS") + make_var("LIB")
-    if not all((GUEST_SRC / o).exists() for o in objects):
-        pytest.fail("the guest runtime is not built: run 'make -C guests' first")
-    subprocess.run(
-        ["gcc", *cflags, "-c", "-o", out / "netblk.o", out / "netblk.c"], cwd=GUEST_SRC, check=True
-    )
-    subprocess.run(
-        ["gcc", *make_var("LDFLAGS"), "-o", out / "netblk.hvt", *objects[:-1], out / "netblk.o"]
-        + make_var("LIB")
-        + make_var("LDLIBS"),
-        cwd=GUEST_SRC,
-        check=True,
-    )
-    return out / "netblk.hvt"
+    return helpers.build_runtime_guest(NETBLK_C, tmp_path_factory.mktemp("netblk"), "netblk")
 
 
 def key_paths(snap: dict, prefix: str = "") -> set[str]:
