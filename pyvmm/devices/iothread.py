@@ -116,13 +116,16 @@ class IoService:
     ``__init__`` between ``_open`` and the end, and call ``close`` on error.
     """
 
-    def _open(self, config: IoConfig, vm, kick_port: int, *, wake: bool) -> None:
+    def _open(self, config: IoConfig, vm, kick_port: int | None, *, wake: bool) -> None:
+        """``kick_port`` None: a service the guest never kicks (no doorbell)."""
         self.config = config
         self._stack = ExitStack()
         try:
-            self.kick_fd = self._eventfd()
-            # The architecture's doorbell: a port on x86_64, MMIO on aarch64.
-            host_arch().add_doorbell(vm, self.kick_fd, kick_port)
+            self.kick_fd = -1
+            if kick_port is not None:
+                self.kick_fd = self._eventfd()
+                # The architecture's doorbell: a port on x86_64, MMIO on aarch64.
+                host_arch().add_doorbell(vm, self.kick_fd, kick_port)
             # wake: the IO thread wakes the vCPU blocked in the poll hypercall.
             self.wake_fd = self._eventfd() if wake else -1
             self.io = IoThread(config, self.kick_fd, self.wake_fd)

@@ -22,7 +22,7 @@ from pyvmm._native import ffi as pyvmm_ffi
 from pyvmm._native import lib as pyvmm_lib
 from pyvmm.common.errors import GuestFault, HostError
 from pyvmm.devices import BaseKind, KindPlan, Option, Request, ServiceSetup
-from pyvmm.devices.iothread import IoConfig, IoThread
+from pyvmm.devices.iothread import IoConfig, IoService
 from pyvmm.kvm.memory import GuestMemory
 from pyvmm.loader import DeviceType
 from pyvmm.loader.manifest import BareAttachment
@@ -32,22 +32,20 @@ from testkit.native import ffi, lib
 ANSWER_TIMEOUT_MS = 10_000
 
 
-class ProbeService:
-    """The kind's IO service: one native context, on an IO thread of its own."""
+class ProbeService(IoService):
+    """The kind's IO service: one native context, on an IO thread of its own
+    that the guest never kicks (it asks through the hypercall)."""
 
     key = "pyvmm_test"
     owned: frozenset[int] = frozenset()  # its devices have no poll fd
-    wake_fd = -1
     poll_view = pyvmm_ffi.NULL
 
     def __init__(self) -> None:
-        self._stack = ExitStack()
+        self._open(IoConfig(mode="event"), None, None, wake=False)
         try:
             self.ctx = ffi.new("struct devkind_ctx *")
             self.ctx.req_fd = self._eventfd()
             self.ctx.done_fd = self._eventfd()
-            self.io = IoThread(IoConfig(mode="event"), -1, -1)
-            self._stack.callback(self.io.close)
             ops = pyvmm_ffi.cast(
                 "const struct io_service_ops *", int(ffi.cast("uintptr_t", lib.devkind_ops()))
             )
@@ -59,13 +57,8 @@ class ProbeService:
                 if err:
                     raise HostError(f"IO thread: cannot add the test service: {os.strerror(-err)}")
         except BaseException:
-            self._stack.close()
+            self.close()
             raise
-
-    def _eventfd(self) -> int:
-        fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-        self._stack.callback(os.close, fd)
-        return fd
 
     def ask(self, value: int) -> int:
         """The IO thread's answer to ``value`` (the vCPU thread waits for it)."""
@@ -86,15 +79,6 @@ class ProbeService:
 
     def ready_set(self) -> int:
         return 0
-
-    def start(self) -> None:
-        self.io.start()
-
-    def stop(self) -> None:
-        self.io.stop()
-
-    def close(self) -> None:
-        self._stack.close()
 
     def counters(self) -> dict[str, Any]:
         return {
