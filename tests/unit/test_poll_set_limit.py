@@ -1,7 +1,9 @@
 """One poll-set limit (csrc/fdwait.h): the stop eventfd, the shmstream wake
 eventfd and one fd per manifest handle, waited on together, with a ready
 bit for each even past the 64th fd; the poll hypercall's wait takes that
-many, in C and in Python, and the fast path's struct holds as many."""
+many, in C and in Python, and the fast path's struct holds as many; a set
+past it is refused with one line when the hypercall table builds it,
+before the guest runs, and by the fast path's configuration alike."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ import os
 import pytest
 
 from pyvmm._native import ffi, lib
+from pyvmm.common.errors import HostError
 from pyvmm.devices import kinds
 from pyvmm.devices.console import Console
+from pyvmm.hvt import fastpath
 from pyvmm.hvt.hypercalls import Hypercalls
 from pyvmm.kvm.memory import GuestMemory
 from pyvmm.loader.manifest import DeviceType
@@ -109,3 +113,62 @@ def test_the_poll_hypercall_answers_with_a_device_on_every_manifest_handle(event
             assert calls.fast_path().n_poll == 1 + lib.MFT_MAX_ENTRIES
     finally:
         os.close(null)
+
+
+# -- past the limit: refused with one line, before the guest runs --------------
+
+REFUSAL = (
+    f"the poll hypercall would wait on {LIMIT + 1} fds (the stop eventfd, each IO "
+    f"service's wake eventfd, each device's fd): at most {LIMIT}"
+)
+
+
+class _Woken:
+    """An IO service as the poll set sees it: a wake eventfd, no handles."""
+
+    key = "woken"
+    owned: frozenset[int] = frozenset()
+    poll_view = ffi.NULL
+
+    def __init__(self, wake_fd: int) -> None:
+        self.wake_fd = wake_fd
+
+
+@pytest.fixture
+def console():
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        yield Console(null)
+    finally:
+        os.close(null)
+
+
+def _table(memory, console, fds, wakers: int) -> Hypercalls:
+    """The stop eventfd, ``wakers`` services' wake eventfds, and a net
+    device on every manifest handle."""
+    (net,) = [kind for kind in kinds() if kind.type == DeviceType.NET]
+    stop, wakes = fds[0], fds[1 : 1 + wakers]
+    taps = fds[1 + wakers : 1 + wakers + lib.MFT_MAX_ENTRIES]
+    devices = [(net, _PollOnly(handle, fd)) for handle, fd in enumerate(taps)]
+    return Hypercalls(memory, console, devices, stop, [_Woken(fd) for fd in wakes])
+
+
+def test_a_poll_set_at_the_limit_is_built(eventfds, console):
+    with GuestMemory(4 << 20) as memory:
+        calls = _table(memory, console, eventfds, lib.PYVMM_WAIT_FIXED_FDS - 1)
+        assert calls.fast_path().n_poll == LIMIT
+
+
+def test_a_poll_set_past_the_limit_is_refused_when_the_table_is_built(eventfds, console):
+    with GuestMemory(4 << 20) as memory:
+        with pytest.raises(HostError) as err:
+            _table(memory, console, eventfds, lib.PYVMM_WAIT_FIXED_FDS)
+    assert str(err.value) == REFUSAL
+
+
+def test_the_fast_paths_configuration_refuses_it_too(eventfds):
+    poll = [(fd, -1) for fd in eventfds]
+    with GuestMemory(4 << 20) as memory:
+        with pytest.raises(HostError) as err:
+            fastpath.build(memory, [], poll)
+    assert str(err.value) == REFUSAL
