@@ -47,7 +47,8 @@ def test_boot_extension_is_written_with_its_feature_bit():
             shm_mode=2,
         ).write(mem)
         ext = mem.struct("struct pyvmm_boot_ext", lib.PYVMM_BOOT_EXT_GPA, setup=True)
-        assert ext.magic == lib.PYVMM_BOOT_EXT_MAGIC and ext.version == 1
+        assert ext.magic == lib.PYVMM_BOOT_EXT_MAGIC
+        assert ext.version == lib.PYVMM_BOOT_EXT_VERSION == 1
         assert (ext.shm_region, ext.shm_size, ext.shm_mode) == (6 << 20, 2 << 20, 2)
 
 
