@@ -175,6 +175,25 @@ class NetNamespace:
                 ipr.link("set", index=index, state="up")
         return index
 
+    def add_quiet_tap(
+        self,
+        name: str = "tap100",
+        address: str = "10.0.0.1/24",
+        txqlen: int | None = None,
+        neighbour: tuple[str, str] | None = None,
+    ) -> int:
+        """A tap on which the only frames are the test's: IPv6 off in the
+        namespace (no router or neighbour solicitations), and with
+        ``neighbour`` = (IP, MAC) a static entry for the guest (no ARP), so
+        exact frame counts hold. Its ifindex."""
+        self.sysctl("net.ipv6.conf.all.disable_ipv6", "1")
+        self.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
+        index = self.add_tap(name, address=address, txqlen=txqlen)
+        if neighbour is not None:
+            ip, mac = neighbour
+            self.run(["ip", "neigh", "replace", ip, "lladdr", mac, "dev", name], check=True)
+        return index
+
     def set_mtu(self, ifname: str, mtu: int) -> None:
         """Change an interface's MTU inside the namespace."""
         with self.iproute() as ipr:

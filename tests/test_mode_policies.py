@@ -78,10 +78,7 @@ def mode_run(shm: str, service: str, tmp_path) -> list[dict]:
     extra = [f"--hybrid-budget={BUDGET_US}"] if shm == "hybrid" else []
     name, args = SERVICES[service]
     with NetNamespace() as ns:
-        ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")
-        ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
-        ns.add_tap(TAP, address="10.0.0.1/24")
-        ns.run(["ip", "neigh", "replace", GUEST_IP, "lladdr", GUEST_MAC, "dev", TAP], check=True)
+        ns.add_quiet_tap(TAP, neighbour=(GUEST_IP, GUEST_MAC))
         vm, head = ns.start_pyvmm(
             "--stats=100ms",
             f"--stats-json={path}",

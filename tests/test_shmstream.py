@@ -51,9 +51,7 @@ def namespace(txqlen: int | None = None) -> Iterator[NetNamespace]:
     """A namespace with tap100; no IPv6 in it, so the only frames on the
     tap are the test's (exact frame counts)."""
     with NetNamespace() as ns:
-        ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")
-        ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
-        ns.add_tap("tap100", address="10.0.0.1/24", txqlen=txqlen)
+        ns.add_quiet_tap("tap100", txqlen=txqlen)
         yield ns
 
 

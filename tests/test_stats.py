@@ -201,14 +201,7 @@ def test_live_counts_agree_with_the_guest(tmp_path):
     monotonically and the last one equals what the guest itself counted."""
     path = tmp_path / "flood.jsonl"
     with NetNamespace() as ns:
-        # No IPv6: the only frames on the tap are the flood's (exact counts).
-        ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")
-        ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
-        ns.add_tap("tap100", address="10.0.0.1/24")
-        ns.run(
-            ["ip", "neigh", "replace", "10.0.0.2", "lladdr", "02:00:00:00:00:02", "dev", "tap100"],
-            check=True,
-        )
+        ns.add_quiet_tap("tap100", neighbour=("10.0.0.2", "02:00:00:00:00:02"))
         vm, head = ns.start_pyvmm(
             "--stats=250ms",
             f"--stats-json={path}",
@@ -252,13 +245,7 @@ def test_the_taps_own_drops_are_reported_beside_pyvmms(tmp_path, shm):
 
     path = tmp_path / "drops.jsonl"
     with NetNamespace() as ns:
-        ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")
-        ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
-        ns.add_tap("tap100", address="10.0.0.1/24")
-        ns.run(
-            ["ip", "neigh", "replace", "10.0.0.2", "lladdr", "02:00:00:00:00:02", "dev", "tap100"],
-            check=True,
-        )
+        ns.add_quiet_tap("tap100", neighbour=("10.0.0.2", "02:00:00:00:00:02"))
 
         def kernel() -> dict:  # pyroute2's reading: not the one under test
             with ns.iproute() as ipr:

@@ -198,9 +198,7 @@ def test_keys_and_summary_lines_of_a_net_and_block_guest(netblk, tmp_path, case)
     disk.write_bytes(bytes(64 * 1024))
     stats = tmp_path / "stats.json"
     with NetNamespace() as ns:
-        ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")
-        ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
-        ns.add_tap("tap100", address="10.0.0.1/24")
+        ns.add_quiet_tap("tap100")
         result = ns.run_pyvmm(
             "--stats",
             f"--stats-json={stats}",
@@ -261,9 +259,7 @@ def test_keys_and_summary_lines_of_a_solo5_ring_guest(tmp_path):
     """The same for Solo5's ring (its guest has a net device only)."""
     stats = tmp_path / "stats.json"
     with NetNamespace() as ns:
-        ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")
-        ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
-        ns.add_tap("tap100", address="10.0.0.1/24")
+        ns.add_quiet_tap("tap100")
         vm, head = ns.start_pyvmm(
             "--stats",
             f"--stats-json={stats}",

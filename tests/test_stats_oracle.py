@@ -116,11 +116,7 @@ def flooded_run(request, tmp_path_factory):
     shm, name, counters = PATHS[request.param]
     path = tmp_path_factory.mktemp(f"oracle-{request.param}") / "stats.jsonl"
     with NetNamespace() as ns:
-        # No IPv6 and a static neighbour: the flood's frames are the only ones.
-        ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")
-        ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
-        ns.add_tap(TAP, address="10.0.0.1/24")
-        ns.run(["ip", "neigh", "replace", GUEST_IP, "lladdr", GUEST_MAC, "dev", TAP], check=True)
+        ns.add_quiet_tap(TAP, neighbour=(GUEST_IP, GUEST_MAC))  # the flood's frames only
         before = kernel_counters(ns)
         vm, head = ns.start_pyvmm(
             "--stats=100ms",

@@ -52,9 +52,7 @@ def netns_test(fn: F) -> F:
 def ns() -> Iterator[NetNamespace]:
     """A namespace with tap100 (up, 10.0.0.1/24) and no IPv6 chatter on it."""
     with NetNamespace() as space:
-        space.sysctl("net.ipv6.conf.all.disable_ipv6", "1")
-        space.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
-        space.add_tap("tap100", address="10.0.0.1/24")
+        space.add_quiet_tap("tap100")
         yield space
 
 

@@ -32,9 +32,7 @@ GUEST_IP, GUEST_MAC = "10.0.0.2", "02:00:00:00:00:02"
 def namespace(txqlen: int | None = None) -> Iterator[NetNamespace]:
     """A namespace with tap100 and no IPv6: the only frames are the test's."""
     with NetNamespace() as ns:
-        ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")
-        ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
-        ns.add_tap("tap100", address="10.0.0.1/24", txqlen=txqlen)
+        ns.add_quiet_tap("tap100", txqlen=txqlen)
         yield ns
 
 
