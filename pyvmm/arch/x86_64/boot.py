@@ -170,6 +170,7 @@ def page_tables(
     # Thousands of entries per start: their flags are computed once per
     # protection, not per entry (docs/startup.md).
     plain = _bits(default, us)
+    readonly = _bits(Protection(read=True, write=False), us)
     pds = [addr | plain | PTE_PS for addr in range(0, PD_COUNT * 512 * LARGE_PAGE, LARGE_PAGE)]
 
     # 4 KiB page tables for the first 2 MiB and every region with segments.
@@ -181,7 +182,7 @@ def page_tables(
         elif addr < LOW_ABSENT_END:
             low.append(0)
         elif addr < LOW_READONLY_END:
-            low.append(_pte(addr, Protection(read=True, write=False), us))
+            low.append(addr | readonly)
         else:
             low.append(addr | plain)
     small[0] = low
