@@ -1,0 +1,372 @@
+"""The C fast path (csrc/hcfast.c) answered directly, on a real KVM vCPU.
+
+A few real-mode instructions write each hypercall's argument address to its
+port (`out dx, eax`, as a Solo5 guest does) and halt; the vCPU runs through
+pyvmm_vcpu_run_fast with a struct pyvmm_fastpath filled in by the test. So
+each test sees exactly what the fast path promises: which requests it
+answers itself (the run goes on to the HLT) and which it hands to Python
+(the run stops at the port write), the result fields it stores and the
+counters it keeps. The guest tests reach the same code, but only through
+whole guests, whose requests never sit at the edges these tests pick (the
+last block of a disk, the 64th poll handle, a handle with no device).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+
+import pytest
+
+from pyvmm._native import ffi, lib
+from pyvmm.arch.x86_64 import cpu
+from pyvmm.hvt import fastpath
+from pyvmm.kvm import exits
+from pyvmm.kvm.memory import GuestMemory
+from pyvmm.kvm.system import System
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/dev/kvm"), reason="needs /dev/kvm")
+
+CODE = 0x1000  # the guest's instructions (real mode, CS base 0)
+ARG = 0x200000  # argument structs, above the low area
+DATA = 0x300000  # buffers
+BLOCK = 512
+BLOCKS = 8
+
+
+def _call(nr: int, gpa: int) -> bytes:
+    """mov eax, gpa; mov dx, port; out dx, eax (16-bit code, 32-bit operands)."""
+    port = lib.HVT_HYPERCALL_PIO_BASE + nr
+    return b"\x66\xb8" + struct.pack("<I", gpa) + b"\xba" + struct.pack("<H", port) + b"\x66\xef"
+
+
+class Rig:
+    """One VM, its memory and a fast-path struct the test fills in."""
+
+    def __init__(self) -> None:
+        self.mem = GuestMemory(4 << 20)
+        self.fp = fastpath.build(self.mem, [], [])
+        for h in range(lib.MFT_MAX_ENTRIES):
+            self.fp.net_fd[h] = -1
+            self.fp.blk_fd[h] = -1
+        self.fp.n_poll = 0
+
+    def struct(self, ctype: str, gpa: int = ARG, **fields):
+        arg = ffi.cast(f"struct {ctype} *", self.mem.host_addr + gpa)
+        ffi.memmove(arg, b"\0" * ffi.sizeof(f"struct {ctype}"), ffi.sizeof(f"struct {ctype}"))
+        for name, value in fields.items():
+            setattr(arg, name, value)
+        return arg
+
+    def poke(self, gpa: int, data: bytes) -> None:
+        ffi.memmove(ffi.cast("char *", self.mem.host_addr + gpa), data, len(data))
+
+    def peek(self, gpa: int, length: int) -> bytes:
+        return bytes(ffi.buffer(ffi.cast("char *", self.mem.host_addr + gpa), length))
+
+    def run(self, *calls: tuple[int, int]):
+        """Run the calls, then HLT: the exit pyvmm_vcpu_run_fast returned."""
+        code = b"".join(_call(nr, gpa) for nr, gpa in calls) + b"\xf4"
+        self.poke(CODE, code)
+        with System() as system, system.create_vm() as vm:
+            vm.set_memory(0, 0, self.mem.size, self.mem.host_addr)
+            vcpu = vm.create_vcpu(0)
+            try:
+                sregs = cpu.get_sregs(vcpu)
+                sregs.cs.base = sregs.cs.selector = 0
+                cpu.set_sregs(vcpu, sregs)
+                regs = cpu.get_regs(vcpu)
+                regs.rip, regs.rflags = CODE, 2
+                cpu.set_regs(vcpu, regs)
+                return vcpu.run(fast_path=self.fp)
+            finally:
+                vcpu.close()
+
+    def close(self) -> None:
+        self.mem.close()
+
+
+def to_python(exit, nr: int) -> bool:
+    """Whether the run stopped at hypercall ``nr``'s port write (Python's)."""
+    return isinstance(exit, exits.IoOut) and exit.port == lib.HVT_HYPERCALL_PIO_BASE + nr
+
+
+@pytest.fixture
+def rig():
+    r = Rig()
+    yield r
+    r.close()
+
+
+def test_an_answered_call_runs_on_to_the_next_exit(rig):
+    wall = rig.struct("hvt_hc_walltime")
+    exit = rig.run((lib.HVT_HYPERCALL_WALLTIME, ARG), (lib.HVT_HYPERCALL_WALLTIME, ARG))
+    assert isinstance(exit, exits.Hlt), exit
+    assert (rig.fp.answered, rig.fp.walltimes) == (2, 2)
+    assert abs(wall.nsecs - time.time_ns()) < 60 * 10**9
+
+
+# --- block -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def disk(rig, tmp_path):
+    path = tmp_path / "disk"
+    path.write_bytes(b"".join(bytes([i + 1]) * BLOCK for i in range(BLOCKS)))
+    fd = os.open(path, os.O_RDWR)
+    rig.fp.blk_fd[3] = fd
+    rig.fp.blk_capacity[3] = BLOCKS * BLOCK
+    rig.fp.blk_block_size[3] = BLOCK
+    yield fd
+    os.close(fd)
+
+
+READ, WRITE = lib.HVT_HYPERCALL_BLOCK_READ, lib.HVT_HYPERCALL_BLOCK_WRITE
+
+
+@pytest.mark.parametrize("offset,length", [((BLOCKS - 1) * BLOCK, BLOCK), (0, BLOCKS * BLOCK)])
+def test_a_read_up_to_the_disks_last_byte_is_answered_in_c(rig, disk, offset, length):
+    arg = rig.struct("hvt_hc_block_read", handle=3, offset=offset, data=DATA, len=length, ret=-9)
+    assert isinstance(rig.run((READ, ARG)), exits.Hlt)
+    assert arg.ret == lib.HVT_RET_OK
+    assert rig.fp.block_reads == 1 and rig.fp.block_writes == 0
+    assert rig.peek(DATA, length) == os.pread(disk, length, offset)
+
+
+def test_a_write_of_the_last_block_is_answered_in_c(rig, disk):
+    rig.poke(DATA, b"\xee" * BLOCK)
+    offset = (BLOCKS - 1) * BLOCK
+    arg = rig.struct("hvt_hc_block_write", handle=3, offset=offset, data=DATA, len=BLOCK, ret=-9)
+    assert isinstance(rig.run((WRITE, ARG)), exits.Hlt)
+    assert arg.ret == lib.HVT_RET_OK
+    assert rig.fp.block_writes == 1 and rig.fp.block_reads == 0
+    assert os.pread(disk, BLOCK, offset) == b"\xee" * BLOCK
+    assert os.pread(disk, BLOCK, offset - BLOCK) == bytes([BLOCKS - 1]) * BLOCK
+
+
+@pytest.mark.parametrize(
+    "handle,offset,length",
+    [
+        (3, (BLOCKS - 1) * BLOCK, 2 * BLOCK),  # past the end by one block
+        (3, BLOCKS * BLOCK, BLOCK),  # starts at the end
+        (3, (BLOCKS + 1) * BLOCK, 0),  # starts past the end
+        (3, 2**64 - BLOCK, 2 * BLOCK),  # wraps around
+        (3, 1, BLOCK),  # unaligned offset
+        (3, 0, BLOCK + 1),  # partial block
+        (3, 0, 0),  # nothing
+        (2, 0, BLOCK),  # no disk at this handle
+        (64, 0, BLOCK),  # past the manifest's handles
+    ],
+)
+def test_a_request_that_is_not_whole_blocks_inside_the_disk_goes_to_python(
+    rig, disk, handle, offset, length
+):
+    arg = rig.struct("hvt_hc_block_read", handle=handle, offset=offset, data=DATA, len=length)
+    arg.ret = -9
+    assert to_python(rig.run((READ, ARG)), READ)
+    assert arg.ret == -9 and rig.fp.block_reads == 0 and rig.fp.answered == 0
+
+
+def test_a_disk_without_a_block_size_goes_to_python(rig, disk):
+    rig.fp.blk_block_size[3] = 0
+    rig.struct("hvt_hc_block_read", handle=3, offset=0, data=DATA, len=BLOCK)
+    assert to_python(rig.run((READ, ARG)), READ)
+
+
+def test_a_read_into_the_low_area_goes_to_python(rig, disk):
+    rig.struct("hvt_hc_block_read", handle=3, offset=0, data=CODE, len=BLOCK)
+    assert to_python(rig.run((READ, ARG)), READ)
+    assert rig.peek(CODE, 2) == b"\x66\xb8"
+
+
+def test_a_file_that_shrank_is_eunspec(rig, disk):
+    os.ftruncate(disk, 2 * BLOCK)
+    arg = rig.struct("hvt_hc_block_read", handle=3, offset=4 * BLOCK, data=DATA, len=BLOCK)
+    assert isinstance(rig.run((READ, ARG)), exits.Hlt)
+    assert arg.ret == lib.HVT_RET_EUNSPEC and rig.fp.block_reads == 1
+
+
+# --- net -------------------------------------------------------------------------------
+
+NREAD, NWRITE = lib.HVT_HYPERCALL_NET_READ, lib.HVT_HYPERCALL_NET_WRITE
+MAX_FRAME = 1514
+
+
+@pytest.fixture
+def tap(rig):
+    """A datagram socket pair standing in for a tap: one frame per read."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    theirs.setblocking(False)
+    rig.fp.net_fd[5] = theirs.fileno()
+    rig.fp.max_frame[5] = MAX_FRAME
+    yield ours
+    ours.close()
+    theirs.close()
+
+
+def test_a_frame_is_read_whole_and_an_empty_tap_is_again(rig, tap):
+    tap.send(b"\xab" * 60)
+    first = rig.struct("hvt_hc_net_read", handle=5, data=DATA, len=MAX_FRAME, ret=-9)
+    second = rig.struct("hvt_hc_net_read", ARG + 64, handle=5, data=DATA, len=MAX_FRAME, ret=-9)
+    assert isinstance(rig.run((NREAD, ARG), (NREAD, ARG + 64)), exits.Hlt)
+    assert (first.ret, first.len) == (lib.HVT_RET_OK, 60)
+    assert rig.peek(DATA, 61) == b"\xab" * 60 + b"\0"
+    assert (second.ret, second.len) == (lib.HVT_RET_AGAIN, MAX_FRAME)
+    assert (rig.fp.net_reads, rig.fp.net_reads_again, rig.fp.rx_dropped) == (1, 1, 0)
+
+
+def test_a_frame_longer_than_the_buffer_is_dropped_not_cut(rig, tap):
+    tap.send(b"\x01" * 101)
+    tap.send(b"\x02" * 100)
+    arg = rig.struct("hvt_hc_net_read", handle=5, data=DATA, len=100, ret=-9)
+    assert isinstance(rig.run((NREAD, ARG)), exits.Hlt)
+    assert (arg.ret, arg.len) == (lib.HVT_RET_OK, 100)
+    assert rig.peek(DATA, 100) == b"\x02" * 100
+    assert (rig.fp.net_reads, rig.fp.rx_dropped) == (1, 1)
+
+
+@pytest.mark.parametrize("nr", [NREAD, NWRITE])
+@pytest.mark.parametrize("handle", [4, 64])
+def test_a_handle_without_a_tap_goes_to_python(rig, tap, nr, handle):
+    rig.struct("hvt_hc_net_read", handle=handle, data=DATA, len=60)
+    assert to_python(rig.run((nr, ARG)), nr)
+
+
+def test_a_frame_of_the_largest_size_is_written_and_one_byte_more_goes_to_python(rig, tap):
+    rig.poke(DATA, bytes(range(256)) * 6)
+    arg = rig.struct("hvt_hc_net_write", handle=5, data=DATA, len=MAX_FRAME, ret=-9)
+    assert isinstance(rig.run((NWRITE, ARG)), exits.Hlt)
+    assert arg.ret == lib.HVT_RET_OK and rig.fp.net_writes == 1
+    assert tap.recv(4096) == (bytes(range(256)) * 6)[:MAX_FRAME]
+    arg.len = MAX_FRAME + 1
+    assert to_python(rig.run((NWRITE, ARG)), NWRITE)
+    assert rig.fp.net_writes == 1
+
+
+def test_a_runt_is_dropped_and_counted(rig, tap):
+    tap.setblocking(False)
+    arg = rig.struct("hvt_hc_net_write", handle=5, data=DATA, len=lib.HVT_ETH_HLEN - 1, ret=-9)
+    assert isinstance(rig.run((NWRITE, ARG)), exits.Hlt)
+    assert arg.ret == lib.HVT_RET_OK
+    assert (rig.fp.net_writes, rig.fp.tx_dropped) == (0, 1)
+    with pytest.raises(BlockingIOError):
+        tap.recv(4096)
+
+
+# --- poll ------------------------------------------------------------------------------
+
+POLL = lib.HVT_HYPERCALL_POLL
+
+
+@pytest.fixture
+def fds():
+    made: list[int] = []
+    yield lambda n: made.extend(os.eventfd(0, os.EFD_NONBLOCK) for _ in range(n)) or made
+    for fd in made:
+        os.close(fd)
+
+
+def set_poll(rig, entries: list[tuple[int, int]]) -> None:
+    rig.fp.n_poll = len(entries)
+    for i, (fd, handle) in enumerate(entries):
+        rig.fp.poll_fd[i], rig.fp.poll_handle[i] = fd, handle
+
+
+@pytest.mark.parametrize("readable", [[0], [1], [0, 1], []])
+def test_poll_reports_exactly_the_readable_handles(rig, fds, readable):
+    stop, a, b = fds(3)
+    set_poll(rig, [(stop, -1), (a, 0), (b, 1)])
+    for h in readable:
+        os.eventfd_write((a, b)[h], 1)
+    arg = rig.struct("hvt_hc_poll", timeout_nsecs=0, ready_set=0xFFFF, ret=-9)
+    assert isinstance(rig.run((POLL, ARG)), exits.Hlt)
+    assert arg.ret == lib.HVT_RET_OK
+    assert arg.ready_set == sum(1 << h for h in readable)
+    assert rig.fp.polls == 1
+
+
+def test_poll_reports_the_handles_past_the_first_mask_word(rig, fds):
+    """The stop eventfd and 64 taps: the last two taps' fds are the 64th
+    and 65th of the wait, in the mask's second word."""
+    made = fds(lib.MFT_MAX_ENTRIES + 1)
+    set_poll(rig, [(made[0], -1)] + [(fd, h) for h, fd in enumerate(made[1:])])
+    for fd in made[-3:]:
+        os.eventfd_write(fd, 1)
+    arg = rig.struct("hvt_hc_poll", timeout_nsecs=0)
+    assert isinstance(rig.run((POLL, ARG)), exits.Hlt)
+    assert arg.ready_set == 0b111 << 61
+
+
+def test_a_readable_stop_eventfd_is_no_handle(rig, fds):
+    stop, a = fds(2)
+    set_poll(rig, [(stop, -1), (a, 0)])
+    os.eventfd_write(stop, 1)
+    arg = rig.struct("hvt_hc_poll", timeout_nsecs=0, ready_set=0xFFFF, ret=-9)
+    assert isinstance(rig.run((POLL, ARG)), exits.Hlt)
+    assert (arg.ret, arg.ready_set) == (lib.HVT_RET_OK, 0)
+
+
+def test_a_set_larger_than_the_struct_is_cut_to_it(rig, fds):
+    """n_poll past the arrays: the wait takes the first PYVMM_FAST_MAX_POLL."""
+    made = fds(lib.PYVMM_FAST_MAX_POLL)
+    taps = [(fd, h) for h, fd in enumerate(made[1 : lib.MFT_MAX_ENTRIES + 1])]
+    set_poll(rig, [(made[0], -1)] + taps + [(made[-1], -1)])
+    rig.fp.n_poll = 1000
+    os.eventfd_write(taps[-1][0], 1)
+    arg = rig.struct("hvt_hc_poll", timeout_nsecs=0)
+    assert isinstance(rig.run((POLL, ARG)), exits.Hlt)
+    assert arg.ready_set == 1 << 63
+
+
+def test_a_wait_as_long_as_the_idle_mark_is_remembered(rig, fds):
+    """poll_idle: whether the last wait blocked POLL_IDLE_NS (200 us) or more,
+    which the next poll reads to skip the shmstream moderation."""
+    (stop,) = fds(1)
+    set_poll(rig, [(stop, -1)])
+    arg = rig.struct("hvt_hc_poll", timeout_nsecs=300_000)
+    assert isinstance(rig.run((POLL, ARG)), exits.Hlt)
+    assert rig.fp.poll_idle == 1 and arg.ret == lib.HVT_RET_OK
+    arg.timeout_nsecs = 0
+    assert isinstance(rig.run((POLL, ARG)), exits.Hlt)
+    assert rig.fp.poll_idle == 0
+
+
+@pytest.fixture
+def shm(rig, fds):
+    """A shmstream poll view: an IO thread's wake-up and one RX ring (handle 7)."""
+    from testkit.iorig import IoRig
+
+    io = IoRig(wake=True)
+    ring = ffi.new("char[]", 4096)
+    view = ffi.new("struct pyvmm_shm_poll *")
+    view.io, view.wake_fd, view.n = io.io, io.wake, 1
+    view.rx[0] = ffi.cast("struct shm_ring *", ring)
+    view.handle[0] = 7
+    rig.fp.shm = view
+    (stop,) = fds(1)
+    set_poll(rig, [(stop, -1), (io.wake, -1)])
+    yield view.rx[0]
+    rig.fp.shm = ffi.NULL
+    io.close()
+
+
+@pytest.mark.parametrize("timeout", [0, 60_000, 1_000_000])
+def test_a_moderated_poll_with_a_region_answers_and_runs_on(rig, shm, timeout):
+    """With a region the fast path sleeps the moderation window after a wait
+    (a timeout of 50 us or more): that sleep is no signal, so the run goes on
+    to the HLT instead of returning to Python as interrupted."""
+    arg = rig.struct("hvt_hc_poll", timeout_nsecs=timeout, ready_set=0xFF, ret=-9)
+    assert isinstance(rig.run((POLL, ARG), (POLL, ARG)), exits.Hlt)
+    assert (arg.ret, arg.ready_set, rig.fp.polls) == (lib.HVT_RET_OK, 0, 2)
+
+
+def test_a_ring_with_frames_is_ready_without_a_wait(rig, shm):
+    """A frame already in a ring answers at once: the wait's timeout becomes
+    0, so it does not block the idle mark's 200 us (it would, at 300 us)."""
+    shm.prod = 3
+    arg = rig.struct("hvt_hc_poll", timeout_nsecs=300_000)
+    assert isinstance(rig.run((POLL, ARG)), exits.Hlt)
+    assert arg.ready_set == 1 << 7
+    assert rig.fp.poll_idle == 0
