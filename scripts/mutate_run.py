@@ -52,12 +52,20 @@ def sh(argv, cwd: Path, env: dict[str, str], timeout: float = 1800):
 class Map:
     tests: dict[str, tuple[str, ...]]  # product file -> pytest arguments
     critical: frozenset[str]
+    base: str = ""  # [ci] base: the commit CI's --changed compares with
+    budget: float = 600  # [ci] budget: CI's seconds
 
 
 def load_map(path: Path = MAP) -> Map:
     data = tomllib.loads(path.read_text())
     tests = {name: tuple(args) for name, args in data["tests"].items()}
-    return Map(tests, frozenset(data["critical"]["files"]))
+    ci = data.get("ci", {})
+    return Map(
+        tests,
+        frozenset(data["critical"]["files"]),
+        str(ci.get("base", "")),
+        float(ci.get("budget", 600)),
+    )
 
 
 def load_equivalents(path: Path = EQUIVALENT) -> dict[str, str]:
@@ -403,9 +411,12 @@ def execute(
     max_per_file: int | None = None,
     log: Callable[[str], None] = print,
     only_ids: set[str] | None = None,
+    only_lines: dict[str, set[int]] | None = None,
 ) -> tuple[list[FileRun], dict[str, str]]:
     """Run the files' mutants (cached ones free) until the budget in seconds
-    would be passed; the runs and the known equivalents."""
+    would be passed; the runs and the known equivalents. With ``only_lines``
+    (file -> line numbers) a file's mutants are those on its lines only.
+    The critical files' mutants go first: they are the ones that fail a run."""
     import tempfile
 
     start = time.monotonic()
@@ -440,6 +451,9 @@ def execute(
         for path in files:
             tests = mapping.tests[path]
             run = load_file(repo, path, tests, path in mapping.critical)
+            if only_lines is not None:
+                lines = only_lines.get(path, set())
+                run.mutants = [m for m in run.mutants if m.line in lines]
             runs.append(run)
             cached = sum(m.cached for m in run.mutants)
             log(f"# {path}: {len(run.mutants)} mutants, {cached} known from the cache")
@@ -455,44 +469,64 @@ def execute(
             ]
             for run in runs
         }
-        # Baselines, where there is something to run.
-        for run in runs:
-            if not queues[run.path]:
-                continue
-            if time.monotonic() - start >= budget:  # --budget 0: report the cache only
-                queues[run.path] = []
-                continue
-            t0 = time.monotonic()
-            outcome, by = run_tests(repo, env, run.tests, timeout=1800)
-            run.baseline_s = time.monotonic() - t0
-            if outcome != SURVIVED:
-                run.baseline_error = by
-                queues[run.path] = []
-                log(f"# {run.path}: the tests fail without a mutation: {by}")
-            else:
-                log(f"# {run.path}: baseline {run.baseline_s:.1f} s")
         done_here = {run.path: 0 for run in runs}
-        progress = True
-        while progress:
-            progress = False
-            for run in runs:
-                queue = queues[run.path]
-                if not queue or (max_per_file is not None and done_here[run.path] >= max_per_file):
-                    continue
-                cost = (run.baseline_s or 0) + build_cost(run.path, costs)
-                if time.monotonic() - start + cost > budget:
-                    continue
-                mutant = queue.pop(0)
-                timeout = max(60.0, 3 * (run.baseline_s or 0) + 30)
-                run_mutant(repo, env, run, mutant, timeout)
-                done_here[run.path] += 1
-                progress = True
-                mark = "  " if mutant.outcome != SURVIVED else "!!"
-                mark = "==" if mutant.outcome == SURVIVED and mutant.id in equivalents else mark
-                log(f"{mark} {mutant.outcome:9} {mutant.id}  {mutant.after[:70]}  {mutant.by[:60]}")
+        for group in ([r for r in runs if r.critical], [r for r in runs if not r.critical]):
+            progress = True
+            while progress:
+                progress = False
+                for run in group:
+                    queue = queues[run.path]
+                    if not queue or (
+                        max_per_file is not None and done_here[run.path] >= max_per_file
+                    ):
+                        continue
+                    if run.baseline_s is None and not baseline(repo, env, run, start, budget, log):
+                        queue.clear()
+                        continue
+                    cost = run.baseline_s + build_cost(run.path, costs)
+                    left = budget - (time.monotonic() - start)
+                    if cost > left:
+                        continue
+                    mutant = queue.pop(0)
+                    # A hang is a kill; the budget bounds how long one is waited for.
+                    timeout = max(60.0, min(3 * run.baseline_s + 30, left + 60))
+                    run_mutant(repo, env, run, mutant, timeout)
+                    done_here[run.path] += 1
+                    progress = True
+                    mark = "  " if mutant.outcome != SURVIVED else "!!"
+                    if mutant.outcome == SURVIVED and mutant.id in equivalents:
+                        mark = "=="
+                    log(
+                        f"{mark} {mutant.outcome:9} {mutant.id}  {mutant.after[:70]}  "
+                        f"{mutant.by[:60]}"
+                    )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return runs, equivalents
+
+
+def baseline(
+    repo: Path, env: dict[str, str], run: FileRun, start: float, budget: float, log
+) -> bool:
+    """Time the file's tests unmutated (once, when its first mutant is
+    due); whether its mutants can run. Tests that fail are the run's
+    failure (``baseline_error``); tests cut off by the budget are not:
+    the file is left for a run with more time."""
+    left = budget - (time.monotonic() - start)
+    if left <= 0:  # --budget 0: report the cache only
+        return False
+    t0 = time.monotonic()
+    outcome, by = run_tests(repo, env, run.tests, timeout=left)
+    if by.startswith("timeout"):
+        log(f"# {run.path}: its tests take longer than the budget left ({left:.0f} s): not run")
+        return False
+    run.baseline_s = time.monotonic() - t0
+    if outcome != SURVIVED:
+        run.baseline_error = by
+        log(f"# {run.path}: the tests fail without a mutation: {by}")
+        return False
+    log(f"# {run.path}: baseline {run.baseline_s:.1f} s")
+    return True
 
 
 def table(runs: list[FileRun], equivalents: dict[str, str]) -> str:
@@ -524,6 +558,23 @@ def survivors(runs: list[FileRun], equivalents: dict[str, str]) -> list[Mutant]:
     ]
 
 
+def check_base(base: str) -> str:
+    """The full commit ``base`` names in this clone; a RuntimeError saying
+    why not (a shallow clone lacks old commits: fetch them or pass --base)."""
+    done = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode or not base:
+        raise RuntimeError(
+            f"the base {base!r} is no commit in this clone "
+            "(a shallow clone? fetch its history or pass --base REV)"
+        )
+    return done.stdout.strip()
+
+
 def changed_files(base: str, mapping: Map) -> list[str]:
     """Product files that differ between ``base`` and the working tree."""
     done = subprocess.run(
@@ -539,3 +590,29 @@ def changed_files(base: str, mapping: Map) -> list[str]:
     for name in unmapped:
         print(f"# {name}: no tests mapped in scripts/mutation_map.toml, not mutated")
     return [n for n in names if n in mapping.tests]
+
+
+HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@", re.M)
+
+
+def changed_lines(base: str, path: str) -> set[int]:
+    """The lines of the working tree's ``path`` that a diff from ``base``
+    adds or changes; where lines were only removed, the two around the gap
+    (a mutant there tests the code that took the removed lines' place)."""
+    done = subprocess.run(
+        ["git", "diff", "-U0", "--no-color", "--no-ext-diff", base, "--", path],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        raise RuntimeError(f"git diff against {base!r}: {done.stderr.strip()}")
+    return hunk_lines(done.stdout)
+
+
+def hunk_lines(diff: str) -> set[int]:
+    lines: set[int] = set()
+    for match in HUNK.finditer(diff):
+        first, count = int(match[1]), int(match[2] if match[2] is not None else 1)
+        lines.update(range(first, first + count) if count else (first, first + 1))
+    return lines

@@ -13,6 +13,7 @@ last block of a disk, the 64th poll handle, a handle with no device).
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import struct
@@ -181,8 +182,13 @@ def test_a_read_into_the_low_area_goes_to_python(rig, disk):
     assert rig.peek(CODE, 2) == b"\x66\xb8"
 
 
-def test_a_file_that_shrank_is_eunspec(rig, disk):
+@pytest.mark.parametrize("stale_errno", [0, errno.EINTR])
+def test_a_file_that_shrank_is_eunspec(rig, disk, stale_errno):
+    """The end of the file (pread answers 0) ends the request, also when
+    errno still says EINTR from an earlier call (cffi hands ffi.errno to
+    the next C call): only a failed call's EINTR is a retry."""
     os.ftruncate(disk, 2 * BLOCK)
+    ffi.errno = stale_errno
     arg = rig.struct("hvt_hc_block_read", handle=3, offset=4 * BLOCK, data=DATA, len=BLOCK)
     assert isinstance(rig.run((READ, ARG)), exits.Hlt)
     assert arg.ret == lib.HVT_RET_EUNSPEC and rig.fp.block_reads == 1

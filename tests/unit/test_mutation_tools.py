@@ -100,3 +100,39 @@ def test_every_known_equivalent_names_a_file_and_gives_a_reason() -> None:
     for mutant_id, reason in data["equivalent"].items():
         assert mutant_id.split(":")[0] in mapping.tests, mutant_id
         assert len(reason.split()) >= 5, mutant_id
+
+
+DIFF = """\
+diff --git a/x.c b/x.c
+--- a/x.c
++++ b/x.c
+@@ -3 +3 @@ int f(void)
+-    return 1;
++    return 2;
+@@ -10,0 +11,2 @@ int g(void)
++    a();
++    b();
+@@ -20,3 +22,0 @@ int h(void)
+-    c();
+-    d();
+-    e();
+"""
+
+
+def test_the_ci_slice_takes_the_lines_a_diff_adds_and_those_around_a_removal() -> None:
+    assert mutate_run.hunk_lines(DIFF) == {3, 11, 12, 22, 23}
+    assert mutate_run.hunk_lines("") == set()
+
+
+def test_the_ci_slice_has_a_recorded_base_and_budget_a_clean_clone_knows() -> None:
+    mapping = mutate_run.load_map()
+    assert len(mapping.base) == 40
+    assert mutate_run.check_base(mapping.base) == mapping.base
+    assert 0 < mapping.budget <= 540  # CI's 10 minutes, the copy and builds included
+
+
+def test_a_base_the_clone_does_not_have_is_one_clear_error() -> None:
+    with pytest.raises(RuntimeError, match="no commit in this clone"):
+        mutate_run.check_base("0" * 40)
+    with pytest.raises(RuntimeError, match="no commit in this clone"):
+        mutate_run.check_base("")
