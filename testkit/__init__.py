@@ -10,6 +10,9 @@ use that pyvmm itself does not ship.
                      socketpair taps, guard areas, a shmstream link or
                      Solo5's ring served a pass at a time or threaded
     testkit.netns    throw-away network namespaces with taps
+    testkit.containerd  a private containerd (its own directories, socket
+                     and config) and ctr against it, taken down whatever
+                     state it is left in
     testkit.traffic  the C UDP traffic generator (python -m testkit.traffic)
     testkit.helpers  what several tests need: frame patterns, the stats-line
                      parser, the ping invocation, ABI patching, constants

@@ -15,7 +15,6 @@ the directories removed; the namespaces go with ``NetNamespace``.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import select
@@ -24,7 +23,6 @@ import signal
 import subprocess
 import sys
 import tarfile
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -34,18 +32,18 @@ import pytest
 from conftest import guest, need_tool
 from pyvmm.oci import image as oci_image
 from pyvmm.oci.cgroups import DEFAULT_ROOT, PYVMM_OVERHEAD_MIB, V1_CONTROLLERS, is_v2
+from testkit.containerd import CTR_TIMEOUT, Containerd
+from testkit.containerd import pids_mentioning as _pids_mentioning
 from testkit.netns import NetNamespace
 
 pytestmark = pytest.mark.kvm
 
-CTR_TIMEOUT = 60
 IMAGES = {  # name: (kernel, default args, net-args template)
     "hello": ("hello", [], None),
     "args": ("args", ["3", "default"], None),
     "spin": ("spin", [], None),
     "ping": ("ping", [], "{ip}"),
 }
-MNT_DETACH = 2
 
 
 NATIVE = Path(oci_image.__file__).parent.parent / "_oci"
@@ -69,147 +67,10 @@ def runtime_binary() -> str:
     return need_tool("pyvmm-oci")
 
 
-def _pids_mentioning(text: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdecimal() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if text.encode() in f.read():
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
-
-
-def _mounts_under(path: str) -> list[str]:
-    with open("/proc/self/mountinfo") as f:
-        points = [line.split()[4] for line in f]
-    return sorted((p for p in points if p.startswith(path + "/")), key=len, reverse=True)
-
-
-class Containerd:
-    """containerd on private directories; ``ctr`` against it."""
-
-    def __init__(self) -> None:
-        self.dir = tempfile.mkdtemp(prefix="pyvmm-oci-")
-        self.address = os.path.join(self.dir, "containerd.sock")
-        self.runc_root = os.path.join(self.dir, "runc")
-        self.trace = os.path.join(self.dir, "trace.log")
-        self.runtime = runtime_binary()
-        self.proc: subprocess.Popen | None = None
-        self.log = None
-
-    def start(self) -> None:
-        config = os.path.join(self.dir, "config.toml")
-        disabled = [
-            "io.containerd.grpc.v1.cri",
-            "io.containerd.internal.v1.tracing",
-            "io.containerd.snapshotter.v1.aufs",
-            "io.containerd.snapshotter.v1.btrfs",
-            "io.containerd.snapshotter.v1.zfs",
-            "io.containerd.snapshotter.v1.devmapper",
-        ]
-        with open(config, "w") as f:
-            f.write(
-                "version = 2\n"
-                f'root = "{self.dir}/root"\nstate = "{self.dir}/state"\n'
-                f"disabled_plugins = {json.dumps(disabled)}\n"
-                f'[grpc]\n  address = "{self.address}"\n'
-                f'[ttrpc]\n  address = "{self.address}.ttrpc"\n'
-                '[debug]\n  address = ""\n'
-            )
-        self.log = open(os.path.join(self.dir, "containerd.log"), "w")  # noqa: SIM115
-        env = dict(os.environ, PYVMM_OCI_TRACE=self.trace)
-        self.proc = subprocess.Popen(
-            [need_tool("containerd"), "--config", config],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 30
-        while self.ctr("version", check=False).returncode != 0:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"containerd did not start: {self.containerd_log()}")
-            time.sleep(0.1)
-
-    def containerd_log(self) -> str:
-        with open(os.path.join(self.dir, "containerd.log")) as f:
-            return f.read()[-3000:]
-
-    def ctr_argv(self, *args: str) -> list[str]:
-        return [need_tool("ctr"), "--address", self.address, *args]
-
-    def ctr(self, *args: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
-        done = subprocess.run(
-            self.ctr_argv(*args), capture_output=True, text=True, timeout=CTR_TIMEOUT, **kwargs
-        )
-        if check and done.returncode != 0:
-            raise AssertionError(f"ctr {' '.join(args)}: {done.returncode}: {done.stderr}")
-        return done
-
-    def run_argv(self, ref: str, cid: str, *args: str, options: tuple[str, ...] = ()) -> list[str]:
-        return self.ctr_argv(
-            "run",
-            "--rm",
-            "--runc-binary",
-            self.runtime,
-            "--runc-root",
-            self.runc_root,
-            *options,
-            ref,
-            cid,
-            *args,
-        )
-
-    def run(self, ref: str, cid: str, *args: str, options=()) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            self.run_argv(ref, cid, *args, options=options),
-            capture_output=True,
-            text=True,
-            timeout=CTR_TIMEOUT,
-        )
-
-    def containers(self) -> list[str]:
-        """What pyvmm-oci still keeps state for."""
-        path = os.path.join(self.runc_root, "default")
-        return sorted(os.listdir(path)) if os.path.isdir(path) else []
-
-    def stop(self) -> None:
-        """Everything goes, whatever state the tests left it in."""
-        errors = []
-        if self.proc is not None and self.proc.poll() is None:
-            for line in self.ctr("task", "ls", "-q", check=False).stdout.split():
-                self.ctr("task", "kill", "-s", "SIGKILL", line, check=False)
-                self.ctr("task", "delete", "-f", line, check=False)
-            for line in self.ctr("container", "ls", "-q", check=False).stdout.split():
-                self.ctr("container", "delete", line, check=False)
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        # Shims and guests of this containerd: only they name its directory.
-        for pid in _pids_mentioning(self.dir):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-                errors.append(f"pid {pid} was still running")
-        libc = ctypes.CDLL(None, use_errno=True)
-        for point in _mounts_under(self.dir):
-            libc.umount2(point.encode(), MNT_DETACH)
-        if self.log is not None:
-            self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-        return errors
-
-
 @pytest.fixture(scope="module")
 def containerd():
     need_tool("containerd-shim-runc-v2")
-    ctd = Containerd()
+    ctd = Containerd(runtime_binary(), need_tool)
     try:
         ctd.start()
         for name, (kernel, args, net_args) in IMAGES.items():
