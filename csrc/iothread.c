@@ -50,10 +50,30 @@ int io_add_service(struct iothread *io, const struct io_service_ops *ops, void *
     return 0;
 }
 
+/* io_pause's hold, between two passes: every service's batch published. */
+static void hold(struct iothread *io)
+{
+    const struct timespec tick = { 0, 50000 };
+    uint64_t count;
+
+    __atomic_store_n(&io->paused, 1, __ATOMIC_RELEASE);
+    while (__atomic_load_n(&io->pause_req, __ATOMIC_ACQUIRE) && !io->stop)
+        nanosleep(&tick, NULL);
+    /* The stop_fd write that woke an epoll_wait for the pause; a stop's
+     * write is never lost (stop is set before it, and checked after). */
+    if (!io->stop && read(io->stop_fd, &count, sizeof(count)) < 0) {
+        /* EAGAIN: the thread was not asleep when the pause came. */
+    }
+    __atomic_store_n(&io->paused, 0, __ATOMIC_RELEASE);
+}
+
 /* One pass over every service: work done. */
 static int run_services(struct iothread *io)
 {
     int i, work = 0;
+
+    if (__atomic_load_n(&io->pause_req, __ATOMIC_ACQUIRE))
+        hold(io);
     for (i = 0; i < io->nservices; i++)
         work += io->service[i].ops->service(io->service[i].ctx);
     return work;
@@ -283,6 +303,31 @@ void io_stop(struct iothread *io)
     io_notify(io->stop_fd);
     pthread_join(io->thread, NULL);
     io->started = 0;
+}
+
+int io_pause(struct iothread *io)
+{
+    const struct timespec tick = { 0, 20000 };
+
+    if (!io->started)
+        return 0;
+    __atomic_store_n(&io->pause_req, 1, __ATOMIC_RELEASE);
+    io_notify(io->stop_fd);  /* out of epoll_wait, in event and hybrid mode */
+    while (!__atomic_load_n(&io->paused, __ATOMIC_ACQUIRE))
+        nanosleep(&tick, NULL);
+    return 0;
+}
+
+void io_resume(struct iothread *io)
+{
+    const struct timespec tick = { 0, 20000 };
+
+    if (!__atomic_load_n(&io->pause_req, __ATOMIC_ACQUIRE))
+        return;
+    __atomic_store_n(&io->pause_req, 0, __ATOMIC_RELEASE);
+    /* Its hold is over before a second pause can ask again. */
+    while (io->started && __atomic_load_n(&io->paused, __ATOMIC_ACQUIRE))
+        nanosleep(&tick, NULL);
 }
 
 uint64_t io_cpu_ns(struct iothread *io)

@@ -132,6 +132,24 @@ int io_solo5_attach_tap(struct iothread *io, uint32_t handle, int backend_fd, ui
 struct solo5_ring_counters *io_solo5_counters(struct iothread *io);
 struct io_stats *io_thread_stats(struct iothread *io);
 
+/*
+ * A snapshot's quiescence: io_pause returns once the thread is between two
+ * passes (every batch published, no frame half-written into a slot) and
+ * holds it there until io_resume; 0 at once for a thread not started.
+ * While paused, the host-owned indices below are the thread's own copies.
+ */
+int io_pause(struct iothread *io);
+void io_resume(struct iothread *io);
+
+/* A link's host-owned ring indices (its trusted copies): read while the
+ * thread is paused or stopped; set before io_start (a restored snapshot's).
+ * 0 or -EINVAL (no such link) / -EBUSY (set while running). */
+int io_link_indices(struct iothread *io, int link, uint32_t *rx_prod, uint32_t *tx_cons);
+int io_link_set_indices(struct iothread *io, int link, uint32_t rx_prod, uint32_t tx_cons);
+/* The same for Solo5's ring: its entry head and commit tail. */
+int io_solo5_indices(struct iothread *io, uint32_t *ent_head, uint32_t *com_tail);
+int io_solo5_set_indices(struct iothread *io, uint32_t ent_head, uint32_t com_tail);
+
 /* Start the thread (stop signals blocked in it); 0 or -errno. */
 int io_start(struct iothread *io);
 /* Stop and join; safe to call twice or without a start. */

@@ -75,6 +75,8 @@ struct iothread {
     int started;
     volatile int stop;
     int wake_armed;     /* 1: the vCPU waits for (or will check) wake_fd */
+    int pause_req;      /* io_pause asked the thread to hold between passes */
+    int paused;         /* the thread holds (io_pause waits for it) */
     pthread_t thread;
     uint64_t final_cpu_ns;
     struct io_stats stats;

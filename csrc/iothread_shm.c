@@ -363,6 +363,26 @@ void io_shm_release_uring(struct iothread *io)
     io->shm.uring = NULL;
 }
 
+int io_link_indices(struct iothread *io, int link, uint32_t *rx_prod, uint32_t *tx_cons)
+{
+    if (link < 0 || link >= io->shm.n)
+        return -EINVAL;
+    *rx_prod = io->shm.link[link].rx_prod;
+    *tx_cons = io->shm.link[link].tx_cons;
+    return 0;
+}
+
+int io_link_set_indices(struct iothread *io, int link, uint32_t rx_prod, uint32_t tx_cons)
+{
+    if (link < 0 || link >= io->shm.n)
+        return -EINVAL;
+    if (io->started)
+        return -EBUSY;
+    io->shm.link[link].rx_prod = rx_prod;
+    io->shm.link[link].tx_cons = tx_cons;
+    return 0;
+}
+
 struct shm_counters *io_link_counters(struct iothread *io, int link)
 {
     return link >= 0 && link < io->shm.n ? &io->shm.link[link].c : NULL;

@@ -186,6 +186,26 @@ int io_solo5_attach_tap(struct iothread *io, uint32_t handle, int backend_fd, ui
     return 0;
 }
 
+int io_solo5_indices(struct iothread *io, uint32_t *ent_head, uint32_t *com_tail)
+{
+    if (!io->s5.ring)
+        return -EINVAL;
+    *ent_head = io->s5.ent_head;
+    *com_tail = io->s5.com_tail;
+    return 0;
+}
+
+int io_solo5_set_indices(struct iothread *io, uint32_t ent_head, uint32_t com_tail)
+{
+    if (!io->s5.ring)
+        return -EINVAL;
+    if (io->started)
+        return -EBUSY;
+    io->s5.ent_head = ent_head;
+    io->s5.com_tail = com_tail;
+    return 0;
+}
+
 struct solo5_ring_counters *io_solo5_counters(struct iothread *io)
 {
     return &io->s5.c;

@@ -171,6 +171,12 @@ class Service(Protocol):
 
     def stop(self) -> None: ...
 
+    def pause(self) -> None:
+        """Hold the service between two passes until ``resume`` (a
+        snapshot: nothing half-written into guest memory)."""
+
+    def resume(self) -> None: ...
+
     def close(self) -> None: ...
 
     def counters(self) -> dict[str, Any]: ...
@@ -223,10 +229,30 @@ class DeviceKind(Protocol):
         """Its part of ``struct pyvmm_fastpath`` (csrc/hcfast.h), for the
         devices by handle (none: every handle marked absent)."""
 
+    def snapshot_state(
+        self, plan: KindPlan | None, service: Service | None, devices: Mapping[int, Device]
+    ) -> dict[str, Any] | None:
+        """What a snapshot keeps of this kind's host side (JSON values),
+        read with the vCPU stopped and the service paused; None: nothing
+        (guest memory, which holds its rings, is saved by the snapshot)."""
+
+    def restore_state(
+        self,
+        saved: Any,
+        plan: KindPlan | None,
+        service: Service | None,
+        devices: Mapping[int, Device],
+    ) -> None:
+        """Put a snapshot's ``snapshot_state`` back, before the service
+        starts and after guest memory is the snapshot's. ``saved`` is
+        untrusted: a bad value, or one this run's plan or devices
+        contradict, is one line (UsageError)."""
+
 
 class BaseKind:
     """What a kind that needs none of it inherits: no option checks, no
-    plan, no IO service, nothing for the fast path, snapshots allowed."""
+    plan, no IO service, nothing for the fast path, snapshots allowed
+    with nothing of its own saved."""
 
     not_snapshotted = ""
 
@@ -245,6 +271,21 @@ class BaseKind:
 
     def fill_fast_path(self, fp: Any, devices: Mapping[int, Device]) -> None:
         return None
+
+    def snapshot_state(
+        self, plan: KindPlan | None, service: Service | None, devices: Mapping[int, Device]
+    ) -> dict[str, Any] | None:
+        return None
+
+    def restore_state(
+        self,
+        saved: Any,
+        plan: KindPlan | None,
+        service: Service | None,
+        devices: Mapping[int, Device],
+    ) -> None:
+        if saved is not None:
+            raise UsageError(f"it holds {self.label} device state this pyvmm does not restore")
 
 
 #: Kinds added for one process's life (tests: testkit/devkind), after the

@@ -98,6 +98,49 @@ class IoThread:
             lib.io_destroy(self._io)
             self._io = ffi.NULL
 
+    def pause(self) -> None:
+        """Hold the thread between two passes (a snapshot's quiescence)."""
+        lib.io_pause(self._io)
+
+    def resume(self) -> None:
+        lib.io_resume(self._io)
+
+    def link_indices(self, link: int) -> tuple[int, int]:
+        """Link ``link``'s own RX producer and TX consumer indices."""
+        rx, tx = ffi.new("uint32_t *"), ffi.new("uint32_t *")
+        if lib.io_link_indices(self._io, link, rx, tx):
+            raise HostError(f"IO thread: no link {link}")
+        return rx[0], tx[0]
+
+    def set_link_indices(self, link: int, rx_prod: int, tx_cons: int) -> None:
+        err = lib.io_link_set_indices(self._io, link, rx_prod, tx_cons)
+        if err:
+            raise HostError(f"IO thread: cannot set link {link}'s indices: {os.strerror(-err)}")
+
+    def solo5_indices(self) -> tuple[int, int]:
+        """Solo5's ring: the host's entry head and commit tail."""
+        head, tail = ffi.new("uint32_t *"), ffi.new("uint32_t *")
+        if lib.io_solo5_indices(self._io, head, tail):
+            raise HostError("IO thread: it serves no Solo5 ring")
+        return head[0], tail[0]
+
+    def set_solo5_indices(self, ent_head: int, com_tail: int) -> None:
+        err = lib.io_solo5_set_indices(self._io, ent_head, com_tail)
+        if err:
+            raise HostError(f"IO thread: cannot set the Solo5 ring's indices: {os.strerror(-err)}")
+
+    def set_counters(self, which: str, values: dict[str, int], link: int = 0) -> None:
+        """Counters continued from a snapshot's (before the thread starts):
+        ``which`` is "link", "thread" or "solo5"; the names are checked by
+        the caller against the struct's fields."""
+        target = {
+            "link": lambda: lib.io_link_counters(self._io, link),
+            "thread": lambda: lib.io_thread_stats(self._io),
+            "solo5": lambda: lib.io_solo5_counters(self._io),
+        }[which]()
+        for name, value in values.items():
+            setattr(target, name, value)
+
     def link_counters(self, link: int) -> dict[str, int]:
         c = lib.io_link_counters(self._io, link)
         return {name: getattr(c, name) for name in LINK_COUNTERS}
@@ -144,6 +187,12 @@ class IoService:
 
     def stop(self) -> None:
         self.io.stop()
+
+    def pause(self) -> None:
+        self.io.pause()
+
+    def resume(self) -> None:
+        self.io.resume()
 
     def close(self) -> None:
         self._stack.close()

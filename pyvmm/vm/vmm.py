@@ -156,7 +156,8 @@ class Vmm:
             cmdline=plan.cmdline,
         )
         boot = self._start_services(plan, boot)
-        if self.restoring is not None:  # the snapshot's vCPU state
+        if self.restoring is not None:  # the kinds' host side, then the snapshot's vCPU state
+            self.restoring.load_devices(plan.kinds, self.services, self.devices)
             self.restoring.load_vcpu(system, vcpu, boot.cpu_cycle_freq // 1000)
         else:
             boot_info = boot.write(memory)

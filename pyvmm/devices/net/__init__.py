@@ -24,7 +24,9 @@ from pyvmm.devices import (
     ServiceSetup,
 )
 from pyvmm.devices.iothread import MODES
-from pyvmm.devices.net import transport
+
+# snapshot: imported now, since a snapshot is taken under the sandbox (no open).
+from pyvmm.devices.net import snapshot, transport
 from pyvmm.devices.net.device import NetDevice
 from pyvmm.devices.net.hypercalls import NetHypercalls
 from pyvmm.devices.net.transport import SHM_VALUES, TAP_READ_VALUES, NetPlan
@@ -44,7 +46,6 @@ def _plan_option(flag: str, metavar: str, help: str, **more: Any) -> Option:
 class NetKind(BaseKind):
     label = "net"
     type = DeviceType.NET
-    not_snapshotted = "its rings' and taps' state is not saved"
     options = (
         Option(
             "net",
@@ -124,7 +125,9 @@ class NetKind(BaseKind):
             ":".join(f"{b:02x}" for b in mac),
             "" if text is not None else " (random)",
         )
-        return NetDevice(request.name, request.handle, tap, mac)
+        device = NetDevice(request.name, request.handle, tap, mac)
+        device.mac_given = text is not None
+        return device
 
     def hypercalls(
         self, memory: GuestMemory, devices: Mapping[int, NetDevice]
@@ -159,6 +162,20 @@ class NetKind(BaseKind):
             "shm_size": layout.size,
             "shm_mode": MODES[plan.shm_mode],
         }
+
+    def snapshot_state(
+        self, plan: NetPlan, service: IoService | None, devices: Mapping[int, NetDevice]
+    ) -> dict | None:
+        return snapshot.save(plan, service, devices)
+
+    def restore_state(
+        self,
+        saved: object,
+        plan: NetPlan,
+        service: IoService | None,
+        devices: Mapping[int, NetDevice],
+    ) -> None:
+        snapshot.restore(saved, plan, service, devices)
 
     def fill_fast_path(self, fp: Any, devices: Mapping[int, NetDevice]) -> None:
         for handle in range(lib.MFT_MAX_ENTRIES):

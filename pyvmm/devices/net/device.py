@@ -17,6 +17,8 @@ class NetDevice:
         self.handle = handle
         self.tap = tap
         self.mac = mac
+        #: The MAC came from --net-mac (a restore keeps the snapshot's).
+        self.mac_given = False
         self.mtu = tap.mtu
         # The largest frame a guest may send: MTU plus the Ethernet header.
         self.max_frame = self.mtu + lib.HVT_ETH_HLEN

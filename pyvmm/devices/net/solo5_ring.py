@@ -46,6 +46,8 @@ class Solo5RingService(IoService):
         self._open(config, vm, lib.HVT_RING_KICK_PIO, wake=False)
         try:
             ring = memory.pointer(gpa, ffi.sizeof("struct solo5_ring"), what="Solo5 ring")
+            #: The ring as the host reads it (a restore checks its indices).
+            self.ring = ffi.cast("struct solo5_ring *", ring)
             self.io.serve_solo5_ring(ring, memory.view, usable)
             for handle, device in nets.items():
                 self.io.attach_solo5(handle, device.fileno(), device.max_frame)

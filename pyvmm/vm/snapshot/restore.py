@@ -22,7 +22,9 @@ import time
 from typing import TYPE_CHECKING
 
 from pyvmm.common import trace
+from pyvmm.common.errors import UsageError
 from pyvmm.common.sizes import MIB
+from pyvmm.devices import attaching_option, kinds, option_table
 from pyvmm.loader import DeviceType, page_protections
 from pyvmm.vm.snapshot import vcpu as cpu_state
 from pyvmm.vm.snapshot.format import (
@@ -46,6 +48,32 @@ if TYPE_CHECKING:
 
 #: plan.mode -> the --cpl that asks for it.
 _CPL_OF_MODE = {"kernel": "0", "user": "3", "deprivileged": "deprivileged"}
+
+
+def _plan_options(path: str, saved: object) -> dict[str, object]:
+    """The kinds' plan options the snapshot was taken with, each checked as
+    its option's parser checks the command line's."""
+    if not isinstance(saved, dict):
+        raise refuse(path, "its plan options are not an object")
+    table = option_table()
+    options = {}
+    for flag, value in saved.items():
+        known = table.get(flag)
+        if known is None or known[1].per_device:
+            raise refuse(path, f"its plan has an unknown option '--{flag}'")
+        opt = known[1]
+        try:
+            ok = (
+                value is True
+                if not opt.takes_value
+                else (type(value) in (str, int) and opt.parse(f"--{flag}", str(value)) == value)
+            )
+        except UsageError as err:
+            raise refuse(path, str(err)) from None
+        if not ok:
+            raise refuse(path, f"its plan option '--{flag}' has a bad value")
+        options[flag] = value
+    return options
 
 
 def refuse(path: str, why: str) -> SnapshotError:
@@ -90,15 +118,21 @@ class Restore:
         self.cmdline = plan.text("cmdline")
         self.legacy_abi = plan.flag("legacy_abi")
         self.no_net_ring = plan.flag("no_net_ring")
-        if plan.text("shm_mode") != "off" or plan.flag("solo5_ring"):
-            raise refuse(path, "it has net rings, which this pyvmm does not restore")
+        self.options = _plan_options(path, plan.value.get("options", {}))
+        types = {kind.type.name.lower() for kind in kinds()}
         self.devices = []
         for dev in meta.objects("devices"):
             kind = dev.text("type")
-            if kind != "block":
-                raise refuse(path, f"device '{dev.text('name')}' is a {kind} device (not restored)")
-            geometry = (dev.integer("capacity"), dev.integer("block_size", 1, 1 << 20))
+            if kind not in types:
+                raise refuse(path, f"device '{dev.text('name')}' is of an unknown type '{kind}'")
+            geometry = None
+            if kind == "block":
+                geometry = (dev.integer("capacity"), dev.integer("block_size", 1, 1 << 20))
             self.devices.append((dev.text("name"), dev.integer("handle", 0, 63), geometry))
+        self.device_state = meta.value.get("device_state", {})
+        labels = {kind.label for kind in kinds()}
+        if not isinstance(self.device_state, dict) or not set(self.device_state) <= labels:
+            raise refuse(path, "its device state names a device kind this pyvmm does not have")
         shadow = meta.value.get("shadow")
         self.shadow = None if shadow is None else Field(shadow, "snapshot.shadow").value
         clock = meta.object("clock")
@@ -132,6 +166,13 @@ class Restore:
         config.guest_args = list(self.guest_args)
         config.cpl = _CPL_OF_MODE[self.mode]
         config.legacy_abi = self.legacy_abi
+        for flag, (_, opt) in option_table().items():
+            if not opt.per_device and flag in config.devices:
+                raise SnapshotError(
+                    f"--restore: --{flag}: a restored guest keeps the snapshot's (leave it out)"
+                )
+        for flag, value in self.options.items():
+            config.devices[flag] = {None: value}
         if self.no_net_ring:
             config.devices.setdefault("no-net-ring", {})[None] = True
 
@@ -151,12 +192,21 @@ class Restore:
             raise refuse(path, f"taken in {self.mode} mode, this host runs it in {plan.mode} mode")
         if plan.cmdline.hex() != self.cmdline:
             raise refuse(path, "its guest command line does not match its arguments")
-        if plan.usable != plan.mem_size:  # a kind reserved its ring area
-            raise refuse(path, "this run gives the guest net rings the snapshot has not")
         planned = sorted((r.name, r.handle) for _, r in plan.devices)
         saved = sorted((name, handle) for name, handle, _ in self.devices)
         if planned != saved:
-            want = ", ".join(f"--block:{name}=PATH" for name, _ in saved) or "none"
+            attach = {
+                entry.index: attaching_option(kind)
+                for kind in kinds()
+                for entry in plan.kernel.manifest.devices(kind.type)
+            }
+            want = ", ".join(
+                f"--{attach[handle].flag}:{name}={attach[handle].metavar}"
+                if handle in attach
+                else name
+                for name, handle in saved
+            )
+            want = want or "none"
             raise refuse(path, f"the devices differ from the snapshot's (it needs: {want})")
 
     def check_devices(self, devices) -> None:
@@ -164,7 +214,7 @@ class Restore:
         guest has read it)."""
         geometry = {name: g for name, _, g in self.devices}
         for kind, device in devices:
-            if kind.type != DeviceType.BLOCK:
+            if kind.type != DeviceType.BLOCK or geometry.get(device.name) is None:
                 continue
             capacity, block_size = geometry[device.name]
             if (device.capacity, device.block_size) != (capacity, block_size):
@@ -173,6 +223,18 @@ class Restore:
                     f"block device '{device.name}' is {device.capacity} bytes in blocks of "
                     f"{device.block_size}, the snapshot's was {capacity} in blocks of {block_size}",
                 )
+
+    def load_devices(self, planned, services, devices) -> None:
+        """Each kind's host side as the snapshot saved it (its rings' indices,
+        its counters), checked against this run's, before its service starts."""
+        for kind, decided in planned:
+            service = next((s for k, s in services if k is kind), None)
+            own = {device.handle: device for k, device in devices if k is kind}
+            try:
+                kind.restore_state(self.device_state.get(kind.label), decided, service, own)
+            except UsageError as err:
+                raise refuse(self.path, str(err).removeprefix("pyvmm: ")) from None
+        trace.mark("device state set from the snapshot")
 
     # -- in place of a boot ---------------------------------------------------
     def load_memory(self, memory: GuestMemory, kernel: Kernel) -> None:

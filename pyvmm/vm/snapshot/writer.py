@@ -30,7 +30,7 @@ from pyvmm._native import ffi, lib
 from pyvmm.common import trace
 from pyvmm.common.errors import GuestFault, PyvmmError, UsageError
 from pyvmm.common.log import log
-from pyvmm.devices import kind_setting
+from pyvmm.devices import kind_setting, kinds
 from pyvmm.hvt.hypercalls import Halt
 from pyvmm.kvm import Interrupted
 from pyvmm.loader import DeviceType
@@ -54,7 +54,7 @@ from pyvmm.vm.snapshot.format import (
 
 if TYPE_CHECKING:
     from pyvmm.arch import ExitHandler
-    from pyvmm.devices import Device, DeviceKind
+    from pyvmm.devices import Device, DeviceKind, Service
     from pyvmm.hvt.hypercalls import Hypercalls
     from pyvmm.kvm import Vcpu
     from pyvmm.kvm.memory import GuestMemory
@@ -82,6 +82,7 @@ class GuestRun(Protocol):
     memory: GuestMemory
     hypercalls: Hypercalls
     devices: list[tuple[DeviceKind, Device]]
+    services: list[tuple[DeviceKind, Service]]
     exit_handler: ExitHandler | None
 
 
@@ -112,8 +113,6 @@ def check_snapshottable(config: VmConfig, plan: Plan) -> None:
                 f"--snapshot-at: a guest with {kind.label} devices cannot be snapshotted yet "
                 f"({kind.not_snapshotted})"
             )
-    if plan.usable != plan.mem_size:  # metadata() writes a plan without ring areas
-        raise UsageError("--snapshot-at: a guest with ring areas cannot be snapshotted yet")
 
 
 class SnapshotStop(PyvmmError):
@@ -355,7 +354,19 @@ class SnapshotTarget:
         trace.mark("snapshot: written", {"dir": self.path})
 
     def _write(self, vmm: GuestRun, state: dict[str, bytes]) -> int:
-        """Memory, then the vCPU's state, then the metadata; each synced."""
+        """The IO threads paused, so that guest memory and the kinds' host
+        side agree; then memory, the vCPU's state, the metadata, each synced."""
+        services = [service for _, service in vmm.services]
+        for service in services:
+            service.pause()
+        try:
+            return self._write_paused(vmm, state)
+        finally:
+            if not self.stop:  # the run goes on (with --snapshot-stop it ends paused)
+                for service in services:
+                    service.resume()
+
+    def _write_paused(self, vmm: GuestRun, state: dict[str, bytes]) -> int:
         wall_ns = time.time_ns()
         host = ffi.buffer(ffi.cast("char *", vmm.memory.host_addr), vmm.memory.size)
         pages = write_memory(self.fds[MEMORY], host)
@@ -386,6 +397,13 @@ def metadata(
             entry["capacity"] = device.capacity
             entry["block_size"] = device.block_size
         devices.append(entry)
+    device_state = {}
+    for kind, decided in plan.kinds:
+        service = next((s for k, s in vmm.services if k is kind), None)
+        own = {device.handle: device for k, device in vmm.devices if k is kind}
+        saved = kind.snapshot_state(decided, service, own)
+        if saved is not None:
+            device_state[kind.label] = saved
     shadow = None
     handler = vmm.exit_handler
     if handler is not None and hasattr(handler, "shadow"):
@@ -405,13 +423,12 @@ def metadata(
             "abi_version": plan.kernel.abi.version,
             "guest_args": list(config.guest_args),
             "cmdline": plan.cmdline.hex(),
-            # No ring areas (check_snapshottable): neither shmstream nor Solo5's.
-            "shm_mode": "off",
-            "solo5_ring": False,
             "legacy_abi": config.legacy_abi,
             "no_net_ring": bool(kind_setting(config.devices, "no-net-ring", False)),
+            "options": plan_options(config),
         },
         "devices": devices,
+        "device_state": device_state,
         "shadow": shadow,
         "clock": {
             "tsc": tsc,
@@ -421,6 +438,18 @@ def metadata(
         "cpu_state": {"file": CPU_STATE, "sha256": checksum(packed), "size": len(packed)},
         "memory": {"file": MEMORY, "size": plan.mem_size, "pages": pages},
     }
+
+
+def plan_options(config: VmConfig) -> dict[str, Any]:
+    """The kinds' options of the run's plan as given (``--shm=poll``,
+    ``--shm-slots=N``): a restore plans with the same ones."""
+    given = {}
+    for kind in kinds():
+        for opt in kind.options:
+            value = kind_setting(config.devices, opt.flag) if not opt.per_device else None
+            if value is not None:
+                given[opt.flag] = value
+    return given
 
 
 def _ignore(signum: int, frame: object) -> None:
