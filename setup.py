@@ -11,8 +11,11 @@ from setuptools import Distribution, setup
 from setuptools.command.build_ext import build_ext
 
 LAUNCHER_SOURCE = os.path.join("csrc", "launcher.c")
-#: The programs built beside the extension: (source, name in the package).
-PROGRAMS = ((LAUNCHER_SOURCE, "_launcher"), (os.path.join("csrc", "oci_front.c"), "_oci"))
+#: The programs built beside the extension: (sources, name in the package).
+PROGRAMS = (
+    ((LAUNCHER_SOURCE,), "_launcher"),
+    ((os.path.join("csrc", "oci_front.c"), os.path.join("csrc", "oci_timeline.c")), "_oci"),
+)
 #: The launcher as the scripts directory's ``pyvmm``: build_ext runs before
 #: build_scripts, which copies it as it is (no shebang to rewrite), so any
 #: install (a wheel, ``pip install .``, an editable one) gets the native
@@ -37,9 +40,9 @@ class BuildWithLauncher(build_ext):
             compiler = new_compiler()
             customize_compiler(compiler)
         python = sys.executable  # a venv's own, not what it links to
-        for source, name in PROGRAMS:
+        for sources, name in PROGRAMS:
             objects = compiler.compile(
-                [source],
+                list(sources),
                 output_dir=self.build_temp,
                 macros=[("PYVMM_PYTHON", '"' + python.replace('"', '\\"') + '"')],
                 extra_postargs=["-O2", "-Wall"],

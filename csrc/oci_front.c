@@ -42,6 +42,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "oci_timeline.h"
+
 #ifndef PYVMM_PYTHON
 #define PYVMM_PYTHON "/usr/bin/python3"
 #endif
@@ -68,6 +70,7 @@ static char **g_argv;
 static const char *g_root = DEFAULT_ROOT;
 static const char *g_log;
 static int g_log_json;
+static long long g_begin; /* the call's begin, for the container's timeline */
 
 /* -- the Python runtime --------------------------------------------------- */
 
@@ -103,6 +106,9 @@ static void python(void)
     for (int i = 1; i < g_argc; i++)
         args[n++] = g_argv[i];
     args[n] = NULL;
+    char begin[32];
+    snprintf(begin, sizeof begin, "%lld", g_begin);
+    setenv(OCI_TIMELINE_BEGIN_ENV, begin, 1); /* the span Python writes starts here */
     execv(py, args);
     fprintf(stderr, "pyvmm-oci: cannot start the interpreter %s: %s (PYVMM_PYTHON names another)\n",
             py, strerror(errno));
@@ -444,7 +450,8 @@ static int cmd_delete(struct container *c, int force)
         if (!leaf)
             rmdir(c->made[i]); /* another container's now, or gone: left as it is */
     }
-    /* The state directory: files only (state, summary, FIFO). */
+    oci_timeline_finish(c->dir, g_begin);
+    /* The state directory: files only (state, summary, FIFO, timeline). */
     DIR *d = opendir(c->dir);
     if (d != NULL) {
         struct dirent *e;
@@ -486,6 +493,7 @@ static const char *option_value(const char *opt, int *i)
 
 int main(int argc, char **argv)
 {
+    g_begin = oci_timeline_now();
     g_argc = argc;
     g_argv = argv;
     int i = 1;
@@ -541,13 +549,17 @@ int main(int argc, char **argv)
     trace();
     if (found < 0)
         return refuse("container %s does not exist", words[0]);
+    int rc;
     if (!strcmp(command, "state"))
-        return cmd_state(&c);
-    if (!strcmp(command, "start"))
-        return cmd_start(&c);
-    if (is_kill)
-        return cmd_kill(&c, signum, flag);
-    if (!strcmp(command, "ps"))
-        return cmd_ps(&c, json);
-    return cmd_delete(&c, flag);
+        rc = cmd_state(&c);
+    else if (!strcmp(command, "start"))
+        rc = cmd_start(&c);
+    else if (is_kill)
+        rc = cmd_kill(&c, signum, flag);
+    else if (!strcmp(command, "ps"))
+        rc = cmd_ps(&c, json);
+    else
+        rc = cmd_delete(&c, flag); /* done: its directory, and the timeline, are gone */
+    oci_timeline_span(c.dir, command, g_begin, rc);
+    return rc;
 }

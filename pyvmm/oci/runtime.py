@@ -32,7 +32,10 @@ file pyvmm-oci writes); an ID is what runc accepts (letters, digits and
 where runc keeps the pod sandboxes. Errors are one line on stderr and,
 with ``--log``, a ``{"level": "error", "msg": ...}`` line in the log,
 where the shim looks for the reason of a failed command. ``PYVMM_OCI_TRACE=FILE`` appends every
-invocation's argv to FILE.
+invocation's argv to FILE. The annotation ``org.pyvmm.trace=DIR`` (or
+``PYVMM_OCI_TIMELINE=DIR`` for every container) asks for the container's
+start-up timeline, its calls and the VM's phases in DIR/ID.trace.json
+(pyvmm.oci.timeline).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ import time
 from datetime import UTC, datetime
 
 from pyvmm import __version__
-from pyvmm.oci import cgroups, netargs
+from pyvmm.oci import cgroups, netargs, timeline
 from pyvmm.oci.bundle import (
     NET_ARGS,
     BundleError,
@@ -232,11 +235,17 @@ def pyvmm_command() -> list[str]:
 
 
 def pyvmm_argv(
-    kernel: Unikernel, tap: str | None, mac: str | None, verbose: bool = False
+    kernel: Unikernel,
+    tap: str | None,
+    mac: str | None,
+    verbose: bool = False,
+    trace: str | None = None,
 ) -> list[str]:
     argv = pyvmm_command()
     if verbose:
         argv.append("-v")
+    if trace is not None:  # the VM's phases, for the container's timeline
+        argv.append(f"--trace={trace}")
     if kernel.mem_mib is not None:
         argv.append(f"--mem={kernel.mem_mib}")
     pin = kernel.resources.pin()
@@ -290,7 +299,8 @@ def create(root: str, args: argparse.Namespace) -> None:
     try:
         config = load_config(bundle)
         kernel = read_bundle(bundle, config)
-    except BundleError as err:
+        args.timeline = timeline.requested(config.get("annotations"))
+    except (BundleError, timeline.TimelineError) as err:
         raise RuntimeError_(str(err)) from err
     with kernel:  # this process's copies of the descriptors: pyvmm has its own
         _create(container, bundle, config, kernel, args)
@@ -316,6 +326,8 @@ def _create(
     container.save(state)
     console = None
     try:
+        if args.timeline is not None:
+            timeline.start(container.dir, timeline.destination(args.timeline, args.id))
         try:
             path = cgroups.spec_path(kernel.cgroups_path, args.id, args.systemd_cgroup)
             cgroup = cgroups.create(path, kernel.resources)
@@ -338,7 +350,9 @@ def _create(
                 except netargs.TemplateError as err:
                     raise RuntimeError_(f"{NET_ARGS}: bad template: {err}") from None
                 kernel.args = words + kernel.args
-        argv = pyvmm_argv(kernel, tap, mac, verbose=args.debug)
+        argv = pyvmm_argv(
+            kernel, tap, mac, verbose=args.debug, trace=timeline.vm_trace(container.dir)
+        )
         os.mkfifo(container.fifo, 0o600)
         if args.console_socket:
             console = _send_console(args.console_socket)
@@ -482,9 +496,12 @@ def delete(root: str, args: argparse.Namespace) -> None:
     status = container.status(state)
     if status == "running" and not args.force:
         raise RuntimeError_("cannot delete a running container (use --force)")
+    pending = timeline.collect(container.dir)  # before the state goes
     failed = _remove(container, state, kill=True)
     if failed is not None:
         raise RuntimeError_(failed)
+    if pending is not None:
+        timeline.write(pending, "delete", args.call_begin, 0)
 
 
 def ps(root: str, args: argparse.Namespace) -> None:
@@ -637,6 +654,7 @@ def _delegated(args: argparse.Namespace) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    begin, main_ns = timeline.call_begin(), timeline.monotonic_ns()
     argv = sys.argv[1:] if argv is None else argv
     trace = os.environ.get("PYVMM_OCI_TRACE")
     if trace:
@@ -656,6 +674,7 @@ def main(argv: list[str] | None = None) -> int:
         parser().print_help(sys.stderr)
         return 2
     log = args.logger = Log(args.log, args.log_format)
+    args.call_begin, status = begin, 1
     try:
         if getattr(args, "id", None) is not None:
             check_id(args.id)  # before anything names ROOT/ID, runc's state included
@@ -663,12 +682,17 @@ def main(argv: list[str] | None = None) -> int:
         if _is_sandbox(args) or _delegated(args):
             delegate(argv, args)
         args.run(args.root, args)
+        status = 0
     except (RuntimeError_, BundleError, OSError) as err:
         msg = str(err)
         log.write("error", msg)
         print(f"{PROG}: {msg}", file=sys.stderr)
-        return 1
-    return 0
+    finally:
+        cid = getattr(args, "id", None)
+        if cid and CONTAINER_ID.fullmatch(cid) and len(cid) <= ID_MAX:
+            where = os.path.join(args.root, cid)
+            timeline.call_end(where, args.command, begin, status, main_ns)
+    return status
 
 
 if __name__ == "__main__":
