@@ -41,6 +41,7 @@ NATIVE = Path(oci_image.__file__).parent.parent / "_oci"
 IMAGES = {  # name: (kernel, net-args template)
     "hello": ("hello", None),
     "args": ("args", None),
+    "spin": ("spin", None),
     "ping": ("ping", "{ip}"),
 }
 #: kubelet's container log format (CRI): RFC 3339 nano time, stream, tag (F
@@ -194,28 +195,47 @@ def test_a_pod_s_args_reach_the_guest_and_its_exit_code_the_cri(cri):
     _assert_pod_gone(cri, pod)
 
 
-def test_a_networked_unikernel_pod_answers_ping_on_its_pod_ip_with_stats_from_its_cgroup(cri):
+def test_a_networked_unikernel_pod_answers_ping_on_its_pod_ip(cri):
     """The ping unikernel takes the pod's CNI address (the veth's, through
-    pyvmm-oci's tap) and answers ping from the bridge's side; ContainerStats
-    are the VM's cgroup's; StopContainer ends it with SIGTERM (143)."""
+    pyvmm-oci's tap) and answers ping from the bridge's side, in the test's
+    namespace. Told to answer 3 requests, it exits 0 after the third: the
+    answers were the guest's, not the pod namespace's own stack."""
     pod = cri.run_pod("ping", "pyvmm")
     try:
         ip = pod.status().network.ip
-        cid = pod.create("ping", ref("ping"))
+        cid = pod.create("ping", ref("ping"), args=["3"])
         pod.start(cid)
         lines = _wait_for_log(pod.log_path("ping"), "ready")
         assert f"IP: {ip}" in lines, lines
+        route = cri.ns.run(["ip", "route", "get", ip], capture_output=True, text=True).stdout
+        assert f"dev {BRIDGE}" in route, route  # the bridge, in the test's namespace
         done = cri.ns.run(
             ["ping", "-c", "3", "-i", "0.2", "-W", "5", ip], capture_output=True, text=True
         )
         assert done.returncode == 0, done.stdout + done.stderr
         assert " 0% packet loss" in done.stdout
-        route = cri.ns.run(["ip", "route", "get", ip], capture_output=True, text=True).stdout
-        assert f"dev {BRIDGE}" in route, route  # the bridge, in the test's namespace
-        # pyvmm and all its threads are in the container's cgroup, whose
-        # counters ContainerStats reports.
+        finished = pod.wait_exited(cid)
+        assert (finished.exit_code, finished.reason) == (0, "Completed")
+        lines = [line for _, _, line in _log_lines(pod.log_path("ping"))]
+        assert "answered 3 echo requests" in lines, lines
+    finally:
+        pod.remove()
+    _assert_pod_gone(cri, pod)
+
+
+def test_container_stats_are_the_vm_s_cgroup_s_and_stop_container_ends_it(cri):
+    """A spinning unikernel: pyvmm and every thread of it sit in the
+    container's cgroup (cgroupsPath below the pod's), ContainerStats' CPU
+    time lies between two readings of that cgroup's own accounting taken
+    around the call, and StopContainer ends it with SIGTERM (143)."""
+    pod = cri.run_pod("spin", "pyvmm")
+    try:
+        cid = pod.create("spin", ref("spin"))
+        pod.start(cid)
+        _wait_for_log(pod.log_path("spin"), "spinning")
         info = pod.info(cid)
         cgroup = info["runtimeSpec"]["linux"]["cgroupsPath"]
+        assert cgroup == f"{pod.cgroup}/{cid}"
         assert _pyvmm_threads_cgroup(info["pid"]) == {cgroup}
         before = _cpu_usage_ns(cgroup)
         stats = cri.cri.rt("ContainerStats", container_id=cid).stats

@@ -376,9 +376,8 @@ class Pod:
             if status.state == self.cri.pb.CONTAINER_EXITED:
                 return status
             if time.monotonic() > deadline:
-                raise CriError(
-                    f"container {container_id[:12]} still {status.state} after {timeout} s"
-                )
+                state = self.cri.pb.ContainerState.Name(status.state)
+                raise CriError(f"container {container_id[:12]} still {state} after {timeout} s")
             time.sleep(0.05)
 
     def log_path(self, name: str) -> Path:
