@@ -46,8 +46,8 @@ def _call(nr: int, gpa: int) -> bytes:
 class Rig:
     """One VM, its memory and a fast-path struct the test fills in."""
 
-    def __init__(self) -> None:
-        self.mem = GuestMemory(4 << 20)
+    def __init__(self, size: int = 4 << 20) -> None:
+        self.mem = GuestMemory(size)
         self.fp = fastpath.build(self.mem, [], [])
         for h in range(lib.MFT_MAX_ENTRIES):
             self.fp.net_fd[h] = -1
@@ -376,3 +376,24 @@ def test_a_ring_with_frames_is_ready_without_a_wait(rig, shm):
     assert isinstance(rig.run((POLL, ARG)), exits.Hlt)
     assert arg.ready_set == 1 << 7
     assert rig.fp.poll_idle == 0
+
+
+def test_a_buffer_of_the_largest_length_is_answered_in_c(tmp_path):
+    """net_read's length is a uint64_t the fast path takes up to UINT32_MAX
+    (tap_io_read's size): with 5 GiB of guest memory (mapped, not touched)
+    a buffer that long is answered here, one byte more goes to Python."""
+    rig = Rig(5 << 30)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        theirs.setblocking(False)
+        rig.fp.net_fd[5] = theirs.fileno()
+        ours.send(b"\xcd" * 60)
+        arg = rig.struct("hvt_hc_net_read", handle=5, data=DATA, len=2**32 - 1, ret=-9)
+        assert isinstance(rig.run((NREAD, ARG)), exits.Hlt)
+        assert (arg.ret, arg.len) == (lib.HVT_RET_OK, 60)
+        arg.len = 2**32
+        assert to_python(rig.run((NREAD, ARG)), NREAD)
+    finally:
+        ours.close()
+        theirs.close()
+        rig.close()
