@@ -72,8 +72,11 @@ static int run_services(struct iothread *io)
 {
     int i, work = 0;
 
-    if (__atomic_load_n(&io->pause_req, __ATOMIC_ACQUIRE))
+    if (__atomic_load_n(&io->pause_req, __ATOMIC_ACQUIRE)) {
         hold(io);
+        if (io->stop)  /* stopped while paused: not one frame more */
+            return 0;
+    }
     for (i = 0; i < io->nservices; i++)
         work += io->service[i].ops->service(io->service[i].ctx);
     return work;
@@ -216,8 +219,11 @@ static void *io_main(void *arg)
         run_event(io);
         break;
     }
-    /* Work the guest queued before it halted still gets done. */
-    finish_services(io);
+    /* Work the guest queued before it halted still gets done; not after a
+     * snapshot that ends the run (io_stop while paused): the snapshot holds
+     * that work, and its restore does it. */
+    if (!__atomic_load_n(&io->pause_req, __ATOMIC_ACQUIRE))
+        finish_services(io);
     io->final_cpu_ns = clock_ns(CLOCK_THREAD_CPUTIME_ID);
     return NULL;
 }
