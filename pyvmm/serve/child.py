@@ -13,8 +13,10 @@ JSON object per packet:
                        {"event": "stats", ...}      an answer to b"s"
                        {"event": "final", ...}      the counters at the end
                        {"event": "prepared", ...}   a pooled VM, ready for b"go"
+                       {"event": "snapshot", ...}   its state for a snapshot (snapshot.py)
     launcher -> child  b"s"                         the counters, now please
                        b"go" + JSON, console fds    a pooled VM: start now
+                       b"S" + JSON, b"S+", b"S-"    a snapshot: take it, written, given up
 
 The channel is read and written with read(2)/write(2) only: the sandbox
 allows those (not send/recv) once the guest runs.
@@ -40,8 +42,10 @@ from typing import Any
 from pyvmm.common import stopping
 from pyvmm.common.errors import PyvmmError, stop_message
 from pyvmm.devices.console import ConsoleClosed
+from pyvmm.serve.snapshot import KICK_EVERY, Snapshotter
 from pyvmm.vm.config import VmConfig
 from pyvmm.vm.plan import Plan
+from pyvmm.vm.snapshot.restore import Restore
 from pyvmm.vm.statsview import StatsOutput, open_json
 from pyvmm.vm.vmm import Vmm
 
@@ -65,7 +69,7 @@ class ChildSpec:
 
     __slots__ = (
         "config", "plan", "log_level", "notes", "stdout_path", "stderr_path", "fds", "cwd",
-        "pooled", "trace", "arrived_ns",
+        "pooled", "trace", "arrived_ns", "restore",
     )  # fmt: skip
 
     def __init__(
@@ -81,6 +85,7 @@ class ChildSpec:
         pooled: bool = False,
         trace: str | None = None,
         arrived_ns: int = 0,
+        restore: Restore | None = None,
     ) -> None:
         self.config = config
         self.plan = plan
@@ -93,6 +98,8 @@ class ChildSpec:
         self.pooled = pooled
         self.trace = trace
         self.arrived_ns = arrived_ns
+        #: --restore: the snapshot, read and checked by the launcher.
+        self.restore = restore
 
 
 def _send(fd: int, message: dict[str, Any]) -> None:
@@ -160,13 +167,32 @@ class _OpenError(PyvmmError):
 
 
 class _LauncherVmm(Vmm):
-    """A ``Vmm`` that says when its guest's first instruction is next."""
+    """A ``Vmm`` that says when its guest's first instruction is next, and
+    takes a snapshot when the launcher asks (snapshot.py)."""
 
-    def __init__(self, config: VmConfig, plan: Plan, on_first_run: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        config: VmConfig,
+        plan: Plan,
+        on_first_run: Callable[[], None],
+        restore: Restore | None = None,
+    ) -> None:
         self._on_first_run = on_first_run
+        self._restore = restore
+        self.snapshotter: Snapshotter | None = None
         super().__init__(config, plan)
 
+    def _open_snapshot(self, config: VmConfig) -> Restore:
+        """The launcher's: read, checked and its settings in ``config``."""
+        restoring = self._restore
+        if restoring is None:
+            return super()._open_snapshot(config)
+        self.stack.callback(restoring.close)
+        return restoring
+
     def _loop(self) -> int:
+        if self.snapshot is None and self.snapshotter is not None:
+            self.snapshot = self.snapshotter  # its wrap_run around vcpu.run
         self._on_first_run()
         return super()._loop()
 
@@ -185,10 +211,11 @@ class _Channel:
 
     POLL = 0.001
 
-    def __init__(self, fd: int, vmm: Vmm, usr1: int) -> None:
+    def __init__(self, fd: int, vmm: Vmm, usr1: int, snapshotter: Snapshotter) -> None:
         self.fd = fd
         self.vmm = vmm
         self.usr1 = usr1
+        self.snapshotter = snapshotter
         #: Where SIGUSR1 prints (set once the run's counters output exists).
         self.output: StatsOutput | None = None
         self.lock = threading.Lock()
@@ -203,11 +230,17 @@ class _Channel:
         import select
 
         watched = [self.fd, self.usr1]
+        snapshotter = self.snapshotter
         while True:
+            timeout = None if self._told else self.POLL
+            if snapshotter.pending:  # the kick again, until the vCPU stops
+                timeout = KICK_EVERY
             try:
-                ready, _, _ = select.select(watched, [], [], None if self._told else self.POLL)
+                ready, _, _ = select.select(watched, [], [], timeout)
             except OSError:
                 return
+            if snapshotter.pending:
+                snapshotter.kick()
             if not self._told and self.started is not None:
                 self.tell_started()
             if self.usr1 in ready:
@@ -237,10 +270,14 @@ class _Channel:
     def _answer(self) -> bool:
         """One request answered; False once the launcher is gone."""
         try:
-            if not os.read(self.fd, 16):
-                return False
+            packet = os.read(self.fd, 8192)
         except OSError:
             return False
+        if not packet:
+            return False
+        if packet.startswith(b"S"):
+            self.snapshotter.asked(packet)
+            return True
         with self.lock:
             try:
                 report = self.final or self.vmm.counters()
@@ -294,11 +331,13 @@ def _run(spec: ChildSpec, channel: int, usr1: int, times: dict[str, int]) -> tup
 
         trace.mark("child: console, --stats-json")
     keep = {0, 1, 2, channel, usr1} | ({json_out.fileno()} if json_out is not None else set())
+    if spec.restore is not None:
+        keep.add(spec.restore.memory_fd)
     _let_go_of_others(spec, keep)
     if not spec.pooled:
         trace.mark("child: other VMs' images and the launcher's fds let go")
     with _logged(spec.log_level, notes) if spec.pooled else contextlib.nullcontext():
-        vmm = _LauncherVmm(config, spec.plan, first_run)
+        vmm = _LauncherVmm(config, spec.plan, first_run, spec.restore)
 
     def counters_output() -> StatsOutput:
         output = StatsOutput(
@@ -324,7 +363,8 @@ def _run(spec: ChildSpec, channel: int, usr1: int, times: dict[str, int]) -> tup
             if output is None:
                 json_out = open_json("-")
                 output = counters_output()
-        answer = _Channel(channel, vmm, usr1)
+        vmm.snapshotter = snapshotter = Snapshotter(vmm, channel)
+        answer = _Channel(channel, vmm, usr1, snapshotter)
         if not spec.pooled:
             output = counters_output()
         answer.output = output

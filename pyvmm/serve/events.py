@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from pyvmm.serve.http import parse_json
+from pyvmm.serve.snapshot import decode_state
 
 #: The largest packet a VM's process sends (its counters are a few KiB).
 MAX_MESSAGE = 64 * 1024
@@ -101,6 +102,19 @@ def parse_event(packet: bytes) -> dict[str, Any]:
         return {"event": kind, "error": _line(event, "error")}
     if kind == "final":
         return {"event": kind, "report": _report(event)}
+    if kind == "snapshot":
+        if "error" in event:
+            return {"event": kind, "error": _line(event, "error")}
+        document = event.get("metadata")
+        if not isinstance(document, dict):
+            raise BadMessage('"metadata" must be an object')
+        state = event.get("state")
+        try:
+            packed = decode_state(state if isinstance(state, str) else "")
+        except ValueError as err:
+            raise BadMessage(str(err)) from None
+        addr = _int(event, "memory_addr", 1, (1 << 64) - 1)
+        return {"event": kind, "metadata": document, "state": packed, "memory_addr": addr}
     if kind == "imports":
         names = event.get("imported_after_fork")
         if (

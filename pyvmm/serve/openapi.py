@@ -150,6 +150,35 @@ SCHEMAS: dict[str, Any] = {
         "additionalProperties": False,
         "properties": {"pools": {"type": "array", "items": _ref("Pool")}},
     },
+    "Snapshot": {
+        "type": "object",
+        "required": ["dir"],
+        "additionalProperties": False,
+        "properties": {
+            "dir": {
+                **_PATH,
+                "description": "the new directory, an absolute path (never an existing one)",
+            },
+            "stop": {
+                "type": "boolean",
+                "default": False,
+                "description": "end the VM (status 0) once it is written",
+            },
+        },
+    },
+    "SnapshotTaken": {
+        "type": "object",
+        "required": ["dir", "pages", "memory_bytes", "stop", "ms", "vm"],
+        "additionalProperties": False,
+        "properties": {
+            "dir": {"type": "string"},
+            "pages": {"type": "integer", "description": "memory pages written (not zero)"},
+            "memory_bytes": {"type": "integer", "description": "guest memory (the file's size)"},
+            "stop": {"type": "boolean"},
+            "ms": {"type": "number", "description": "from the request to the files synced"},
+            "vm": _ref("Vm"),
+        },
+    },
     "OpenApi": {"type": "object", "required": ["openapi", "paths"]},
 }
 
@@ -179,6 +208,11 @@ OPERATIONS: dict[str, tuple[str, str | None, dict[str, tuple[str, str]]]] = {
     ),
     "wait_vm": ("Wait for a VM's end", None, {"200": ("once it has ended", "Vm")}),
     "vm_stats": ("A VM's counters (the final ones once it ended)", None, {"200": ("", "Stats")}),
+    "snapshot_vm": (
+        "Write a snapshot of a running VM to a new directory; the guest runs on or stops",
+        "Snapshot",
+        {"200": ("written and synced", "SnapshotTaken")},
+    ),
     "list_pools": ("The pools", None, {"200": ("", "Pools")}),
     "create_pool": (
         "Prepare VMs ahead for a command line",
@@ -211,7 +245,7 @@ def _operation(name: str) -> dict[str, Any]:
     operation: dict[str, Any] = {"operationId": name, "summary": summary, "responses": responses}
     if request is not None:
         operation["requestBody"] = {
-            "required": name in ("create_vm", "create_pool"),
+            "required": name in ("create_vm", "create_pool", "snapshot_vm"),
             "content": {"application/json": {"schema": _ref(request)}},
         }
     return operation

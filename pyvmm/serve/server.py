@@ -39,9 +39,12 @@ from pyvmm.serve.http import HttpError, Request, error_body
 from pyvmm.serve.limits import Limits
 from pyvmm.serve.relay import StderrRelay
 from pyvmm.serve.routes import API_VERSION, route
+from pyvmm.serve.snapshot import ANSWER_TIMEOUT as SNAPSHOT_TIMEOUT
+from pyvmm.serve.snapshot import Taking, checked_request
 from pyvmm.serve.vms import (
     KNOWN_KEYS,
     MAX_FDS,
+    MAX_PATH,
     Vm,
     checked_id,
     describe_status,
@@ -509,6 +512,8 @@ class Launcher:
             return self._stop(conn, vm, req, forget=False)
         if operation == "wait_vm":
             return self._wait(conn, vm)
+        if operation == "snapshot_vm":
+            return self._snapshot(conn, vm, req)
         return self._stats(conn, vm)  # "vm_stats"
 
     def _create(self, conn: Conn, req: Request) -> None:
@@ -624,7 +629,7 @@ class Launcher:
             raise HttpError(400, f'"size" must be an integer from 1 to {MAX_POOL}')
         if {"id", "stdout", "stderr"} & set(body):
             raise HttpError(400, "a pool takes argv and cwd (ids and consoles come with a create)")
-        prepare(body, [], self.facts)  # the command's errors, now
+        prepare(body, [], self.facts).close()  # the command's errors, now
         key = pool_key(body)
         if key not in self.pools and len(self.pools) >= self.limits.max_pools:
             raise HttpError(
@@ -706,7 +711,7 @@ class Launcher:
         if last is None:
             return
         with contextlib.suppress(Exception):
-            prepare(dict(last), [], self.facts)
+            prepare(dict(last), [], self.facts).close()
 
     def _refill(self, vm: Vm) -> None:
         """A pooled VM has started (or failed to): prepare the next one."""
@@ -763,6 +768,61 @@ class Launcher:
 
         self._after(STATS_TIMEOUT, too_late)
         return None
+
+    # -- snapshots (snapshot.py) --------------------------------------------------
+
+    def _snapshot(self, conn: Conn, vm: Vm, req: Request) -> tuple[int, Any] | None:
+        path, stop = checked_request(req.json(), MAX_PATH)
+        if vm.state != "running":
+            raise HttpError(409, f"VM {vm.id} is {vm.state}: no snapshot", vm.exit_status)
+        if vm.snapshot is not None:
+            raise HttpError(409, f"VM {vm.id}: a snapshot of it is being taken already")
+        taking = Taking(path, stop, vm.pid)
+        try:
+            vm.channel.send(taking.request())
+        except OSError as err:
+            taking.remove()
+            raise HttpError(503, f"VM {vm.id} does not answer: {err.strerror}") from None
+        vm.snapshot = (taking, conn)
+
+        def too_late() -> None:
+            if vm.snapshot is not None and vm.snapshot[0] is taking:
+                self._snapshot_failed(vm, 504, f"VM {vm.id} did not stop its vCPU in time")
+
+        self._after(SNAPSHOT_TIMEOUT, too_late)
+        return None
+
+    def _snapshot_taken(self, vm: Vm, event: dict[str, Any]) -> None:
+        if vm.snapshot is None:
+            return  # given up already (its timeout); the VM was told
+        if "error" in event:
+            self._snapshot_failed(vm, 409, f"pyvmm: VM {vm.id}: {event['error']}")
+            return
+        taking, conn = vm.snapshot
+        vm.snapshot = None
+        try:
+            answer = taking.write(event)
+        except PyvmmError as err:
+            self._tell(vm, b"S-")
+            self._respond(conn, 500, error_body(f"pyvmm: snapshot: {err}"))
+            return
+        self._tell(vm, b"S+")
+        _log(f"vm {vm.id}: snapshot written to {taking.path} ({answer['pages']} pages)")
+        self._respond(conn, 200, {**answer, "vm": vm.view()})
+
+    def _snapshot_failed(self, vm: Vm, status: int, line: str) -> None:
+        """The snapshot given up: its directory removed, the VM told."""
+        assert vm.snapshot is not None
+        taking, conn = vm.snapshot
+        vm.snapshot = None
+        taking.remove()
+        self._tell(vm, b"S-")
+        self._respond(conn, status, error_body(line, vm.exit_status))
+
+    def _tell(self, vm: Vm, message: bytes) -> None:
+        if vm.channel.fileno() >= 0:
+            with contextlib.suppress(OSError):
+                vm.channel.send(message)
 
     # -- the VMs' processes ------------------------------------------------------
 
@@ -845,6 +905,8 @@ class Launcher:
             vm.final = event["report"]
         elif kind == "imports":
             vm.imported_after_fork = event["imported_after_fork"]
+        elif kind == "snapshot":
+            self._snapshot_taken(vm, event)
 
     def _answer(self, vm: Vm, kind: str, status: int, body: Any = None) -> None:
         """Answer (and forget) the requests of ``kind`` waiting on ``vm``."""
@@ -869,6 +931,8 @@ class Launcher:
             vm.channel.close()
         self._close_relay(vm)
         del self.live[vm.pid]
+        if vm.snapshot is not None:
+            self._snapshot_failed(vm, 409, f"VM {vm.id} ended before its snapshot was taken")
         pool = self.pools.get(vm.pool) if vm.pool else None
         if pool is not None:
             for held in (pool.ready, pool.preparing):

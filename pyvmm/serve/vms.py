@@ -28,6 +28,7 @@ from pyvmm.serve.http import HttpError
 from pyvmm.serve.relay import StderrRelay
 from pyvmm.serve.warm import HostFacts, precompute
 from pyvmm.vm.plan import make_plan
+from pyvmm.vm.snapshot.restore import Restore
 
 ID_OK = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # (fullmatch: no "$", which takes a "\n")
 #: Passed fds a request may carry: the guest's console and pyvmm's stderr.
@@ -42,7 +43,7 @@ class Vm:
     __slots__ = (
         "id", "pid", "pidfd", "channel", "argv", "kernel", "arrived_ns", "state",
         "exit_status", "signal", "error", "times", "cpu_ns", "final", "imported_after_fork",
-        "listed", "pool", "pooled", "refill", "relay",
+        "listed", "pool", "pooled", "refill", "relay", "snapshot",
     )  # fmt: skip
 
     def __init__(
@@ -85,6 +86,8 @@ class Vm:
         #: Its stderr copied to the launcher's log, named (relay.py), if it
         #: has no console of its own.
         self.relay: StderrRelay | None = None
+        #: The snapshot being taken of it (snapshot.Taking) and its client.
+        self.snapshot: tuple[Any, Any] | None = None
 
     @property
     def start_latency_us(self) -> float | None:
@@ -168,12 +171,23 @@ def optional_path(body: dict[str, Any], key: str) -> str | None:
     return value
 
 
-KNOWN_KEYS = {"argv", "id", "cwd", "stdout", "stderr", "wait"}
+KNOWN_KEYS = {"argv", "id", "cwd", "stdout", "stderr", "wait", "restore"}
+
+
+def command_line(body: dict[str, Any]) -> list[str]:
+    """The request's command line: "argv", or with "restore": DIR, the
+    command's ``--restore=DIR`` and the devices' options in "argv"."""
+    if "restore" not in body:
+        return _strings(body, "argv")
+    snapshot = optional_path(body, "restore")
+    argv = _strings(body, "argv") if "argv" in body else []
+    return [f"--restore={snapshot}", *argv]
 
 
 class Prepared:
     """A create request made ready to fork: what the child runs, and the
-    request's own words."""
+    request's own words. ``close`` lets go of what the launcher holds for
+    it (a snapshot's memory file: the child inherits its own)."""
 
     __slots__ = ("spec", "argv", "id", "cwd")
 
@@ -183,10 +197,14 @@ class Prepared:
         self.id = id
         self.cwd = cwd
 
+    def close(self) -> None:
+        if self.spec.restore is not None:
+            self.spec.restore.close()
+
 
 def pool_key(body: dict[str, Any]) -> tuple[tuple[str, ...], str | None]:
     """What a pool and a create must share: the command line and directory."""
-    return tuple(_strings(body, "argv")), optional_path(body, "cwd")
+    return tuple(command_line(body)), optional_path(body, "cwd")
 
 
 def _refuse_descriptor_numbers(devices: dict[str, dict[str | None, Any]]) -> None:
@@ -208,11 +226,12 @@ def prepare(body: dict[str, Any], fds: list[int], facts: HostFacts) -> Prepared:
     unknown = sorted(set(body) - KNOWN_KEYS)
     if unknown:
         raise HttpError(400, f"unknown key {unknown[0]!r} (known: {', '.join(sorted(KNOWN_KEYS))})")
-    argv = _strings(body, "argv")
+    argv = command_line(body)
     vm_id = checked_id(body)
     cwd = optional_path(body, "cwd")
     if len(fds) > MAX_FDS:
         raise HttpError(400, f"at most {MAX_FDS} file descriptors (stdout, stderr), got {len(fds)}")
+    restoring = None
     try:
         cmd = cli.parse_command(argv)
         if cmd.action != "run":
@@ -222,11 +241,19 @@ def prepare(body: dict[str, Any], fds: list[int], facts: HostFacts) -> Prepared:
             )
         _refuse_descriptor_numbers(cmd.config.devices)
         with _in_directory(cwd), child._logged(cmd.log_level, child._Notes()) as notes:
+            if cmd.config.restore is not None:  # read and checked here, mapped by the child
+                restoring = Restore(cmd.config.restore)
+                restoring.configure(cmd.config)
             plan = make_plan(
                 cmd.config, machine=facts.machine, flavour=facts.flavour, load=facts.kernels.load
             )
-            precompute(plan)
+            if restoring is not None:
+                restoring.check_plan(plan)
+            else:
+                precompute(plan)
     except PyvmmError as err:
+        if restoring is not None:
+            restoring.close()
         raise HttpError(400, f"pyvmm: {err}") from None
     spec = child.ChildSpec(
         config=cmd.config,
@@ -238,6 +265,7 @@ def prepare(body: dict[str, Any], fds: list[int], facts: HostFacts) -> Prepared:
         fds=fds,
         cwd=cwd,
         trace=getattr(cmd, "trace", None),
+        restore=restoring,
     )
     return Prepared(spec, argv, vm_id, cwd)
 
@@ -272,6 +300,7 @@ def spawn(
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     theirs.close()
+    prepared.close()  # the child has its own
     ours.setblocking(False)
     try:
         pidfd = os.pidfd_open(pid)

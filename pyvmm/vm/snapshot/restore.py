@@ -86,6 +86,8 @@ class Restore:
     def __init__(self, path: str) -> None:
         self.path = path
         self.memory_fd = -1
+        #: The plan check_plan has passed (a launcher checks before its fork).
+        self.checked: Plan | None = None
         dir_fd = open_directory(path)
         try:
             self._read(dir_fd)
@@ -179,6 +181,8 @@ class Restore:
     def check_plan(self, plan: Plan) -> None:
         """The plan made now must be the snapshot's: same unikernel, memory,
         layout, mode, arguments and devices."""
+        if plan is self.checked:  # checked already, by the launcher before its fork
+            return
         path = self.path
         identity = kernel_identity(plan.kernel)
         if identity["sha256"] != self.kernel_sha256:

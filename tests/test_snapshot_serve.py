@@ -1,0 +1,324 @@
+"""Snapshots through the warm launcher: POST /vms/ID/snapshot of a running
+VM, a restore through POST /vms {"restore": DIR}, pools of clones of one
+snapshot that share its memory, and every bad request refused with one
+line and an HTTP 4xx (docs/snapshots.md, "Through the launcher")."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from test_serve import Described, Launcher, wait_for
+
+from conftest import ROOT, guest, run_pyvmm
+from testkit import smaps
+
+pytestmark = pytest.mark.kvm
+
+MEM = "--mem=8"
+#: resume.hvt: 32 KiB of heap folded before and after a wait of 3 s.
+RESUME = ("4096", "3000")
+#: compute.hvt: 512 KiB folded 10000 times, about 1.3 s with no exit at all.
+COMPUTE = ("512", "10000")
+
+
+@pytest.fixture(scope="module")
+def launcher(tmp_path_factory):
+    subprocess.run(["make", "-C", str(ROOT / "guests"), "-s", "bin/resume.hvt"], check=True)
+    server = Launcher(tmp_path_factory.mktemp("snapserve"))
+    yield server
+    assert server.stop() == 128 + signal.SIGTERM, server.log.read_text()
+    assert "Traceback" not in server.log.read_text()
+
+
+def started(launcher: Launcher, out: Path, *argv: str, **extra) -> dict:
+    status, vm = launcher.create(*argv, stdout=str(out), cwd=str(ROOT), **extra)
+    assert status == 201, vm
+    return vm
+
+
+def snapshot(launcher: Launcher, vm: dict, directory: Path, stop: bool) -> dict:
+    body = {"dir": str(directory), "stop": stop}
+    status, answer = launcher.api("POST", f"/v1/vms/{vm['id']}/snapshot", body)
+    assert status == 200, answer
+    return answer
+
+
+def ended(launcher: Launcher, vm_id: str) -> dict:
+    status, vm = launcher.api("GET", f"/vms/{vm_id}/wait")
+    assert status == 200, vm
+    return vm
+
+
+def restored(launcher: Launcher, directory: Path, out: Path, **extra) -> dict:
+    body = {"restore": str(directory), "stdout": str(out), "wait": True, **extra}
+    status, vm = launcher.api("POST", "/v1/vms", body)
+    assert status == 200, vm
+    return vm
+
+
+def uninterrupted(kernel: str, *args: str) -> str:
+    whole = run_pyvmm(MEM, guest(kernel), *args)
+    assert whole.returncode == 0, whole.stderr
+    return whole.stdout
+
+
+@pytest.fixture(scope="module")
+def waiting_snapshot(launcher, tmp_path_factory):
+    """resume.hvt snapshotted through the API during its wait, stopped."""
+    tmp = tmp_path_factory.mktemp("waiting")
+    out = tmp / "before"
+    vm = started(launcher, out, MEM, guest("resume"), *RESUME)
+    wait_for(out, "before:")
+    answer = snapshot(launcher, vm, tmp / "snap", stop=True)
+    end = ended(launcher, vm["id"])
+    assert end["exit_status"] == 0, end
+    return tmp / "snap", out.read_text(), answer
+
+
+def test_a_snapshot_of_a_waiting_guest_restores_to_the_uninterrupted_output(
+    launcher, waiting_snapshot, tmp_path
+):
+    directory, before, answer = waiting_snapshot
+    assert answer["dir"] == str(directory) and answer["pages"] > 0 and answer["stop"] is True
+    assert answer["memory_bytes"] == 8 << 20
+    assert stat_mode(directory) == 0o700
+    assert {p.name: stat_mode(p) for p in directory.iterdir()} == {
+        "snapshot.json": 0o600,
+        "cpu.state": 0o600,
+        "memory": 0o600,
+    }
+    whole = uninterrupted("resume", *RESUME)
+    vm = restored(launcher, directory, tmp_path / "after")
+    assert vm["exit_status"] == 0, vm
+    assert before + (tmp_path / "after").read_text() == whole
+    cold = run_pyvmm(f"--restore={directory}")  # the command restores it too
+    assert cold.returncode == 0, cold.stderr
+    assert before + cold.stdout == whole
+
+
+def stat_mode(path: Path) -> int:
+    return os.stat(path).st_mode & 0o777
+
+
+def test_a_computing_guest_is_stopped_between_two_exits_and_runs_on(launcher, tmp_path):
+    """compute.hvt makes no exit while it folds: the kick stops it anyway;
+    without "stop" it runs on to the end, and its snapshot, restored, ends
+    with the same checksum."""
+    out = tmp_path / "out"
+    vm = started(launcher, out, "--mem=64", guest("compute"), *COMPUTE)
+    time.sleep(0.3)
+    answer = snapshot(launcher, vm, tmp_path / "snap", stop=False)
+    assert answer["vm"]["state"] == "running"
+    assert ended(launcher, vm["id"])["exit_status"] == 0
+    whole = run_pyvmm("--mem=64", guest("compute"), *COMPUTE)
+    assert whole.returncode == 0, whole.stderr
+
+    def lasting(text: str) -> list[str]:
+        return [line for line in text.splitlines() if not line.startswith("elapsed_us")]
+
+    assert lasting(out.read_text()) == lasting(whole.stdout)
+    again = restored(launcher, tmp_path / "snap", tmp_path / "again")
+    assert again["exit_status"] == 0, again
+    assert lasting((tmp_path / "again").read_text()) == lasting(whole.stdout)
+
+
+def memory_mapping(pid: int, directory: Path) -> smaps.Mapping:
+    """The clone's mapping of the snapshot's memory file (the largest, if
+    page protections split it)."""
+    path = os.path.realpath(directory / "memory")
+    found = [m for m in smaps.read(pid) if m.path == path]
+    assert found, f"pid {pid} maps no {path}"
+    assert all(m.perms.endswith("p") for m in found)  # MAP_PRIVATE
+    totals = smaps.Mapping(0, 0, "", 0, path)
+    for m in found:
+        for key, kb in m.kb.items():
+            totals.kb[key] = totals.kb.get(key, 0) + kb
+    return totals
+
+
+def pool_ready(launcher: Launcher, size: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        pools = launcher.api("GET", "/pool")[1]["pools"]
+        if pools and pools[0]["ready"] == size:
+            return
+        assert not pools or pools[0]["error"] is None, pools
+        assert time.monotonic() < deadline, pools
+        time.sleep(0.05)
+
+
+def test_a_pool_of_clones_of_a_snapshot_each_runs_to_the_right_end(
+    launcher, waiting_snapshot, tmp_path
+):
+    directory, before, _ = waiting_snapshot
+    memory = directory / "memory"
+    digest = hashlib.sha256(memory.read_bytes()).hexdigest()
+    status, pool = launcher.api("POST", "/v1/pool", {"restore": str(directory), "size": 2})
+    assert status == 201, pool
+    try:
+        pool_ready(launcher, 2)
+        whole = uninterrupted("resume", *RESUME)
+        for i in range(3):  # two from the pool, a third from its refill or a fork
+            out = tmp_path / f"clone{i}"
+            vm = restored(launcher, directory, out)
+            assert vm["exit_status"] == 0, vm
+            assert vm.get("pooled") is True or i == 2, vm
+            assert before + out.read_text() == whole
+    finally:
+        launcher.api("DELETE", "/pool")
+    assert hashlib.sha256(memory.read_bytes()).hexdigest() == digest  # written only in copies
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    """bigsink_idle.hvt stopped at its first wait (4 MiB of table read and
+    256 KiB of heap written at boot); a clone, restored, rewrites its heap
+    at once and holds it 30 s."""
+    subprocess.run(["make", "-C", str(ROOT / "guests"), "-s", "bin/bigsink_idle.hvt"], check=True)
+    directory = tmp_path_factory.mktemp("template") / "t"
+    taken = run_pyvmm(
+        "--mem=16",
+        "--snapshot-at=first-wait",
+        f"--snapshot-dir={directory}",
+        "--snapshot-stop",
+        guest("bigsink_idle"),
+        "256",
+        "1",
+        "30000",
+    )
+    assert taken.returncode == 0, taken.stderr
+    assert taken.stdout == "table: 1024 pages read\nheap: 256 KiB written\n"
+    return directory
+
+
+def test_clones_share_the_pages_they_did_not_write_and_keep_their_writes(
+    launcher, template, tmp_path
+):
+    memory = template / "memory"
+    digest = hashlib.sha256(memory.read_bytes()).hexdigest()
+    status, pool = launcher.api("POST", "/v1/pool", {"restore": str(template), "size": 2})
+    assert status == 201, pool
+    clones = []
+    try:
+        pool_ready(launcher, 2)
+        for i in range(2):
+            out = tmp_path / f"clone{i}"
+            status, vm = launcher.api(
+                "POST", "/v1/vms", {"restore": str(template), "stdout": str(out)}
+            )
+            assert status == 201 and vm.get("pooled") is True, vm
+            clones.append(vm)
+            wait_for(out, "rewritten: 256 KiB")
+        for vm in clones:
+            mapping = memory_mapping(vm["pid"], template)
+            # What it read (code, data), the page cache's: shared by both.
+            assert mapping["Shared_Clean"] > 0, mapping.kb
+            # The table read at boot is not read again: never loaded.
+            assert mapping["Rss"] < 4096, mapping.kb
+            # The heap's 64 pages, written again by each: its own copies.
+            assert 256 <= mapping["Private_Dirty"] < 1024, mapping.kb
+            assert mapping["Pss"] < mapping["Rss"], mapping.kb
+    finally:
+        for vm in clones:
+            launcher.api("POST", f"/vms/{vm['id']}/stop")
+        launcher.api("DELETE", "/pool")
+    assert hashlib.sha256(memory.read_bytes()).hexdigest() == digest
+
+
+# -- refusals ------------------------------------------------------------------
+
+
+def refused(launcher: Launcher, target: str, body, status: int = 400) -> str:
+    got, answer = launcher.api("POST", target, body)
+    assert got == status, answer
+    assert set(answer) == {"error", "exit_status"}, answer
+    assert "\n" not in answer["error"] and "Traceback" not in answer["error"]
+    return answer["error"]
+
+
+def test_bad_snapshot_requests_are_refused_with_one_line(launcher, waiting_snapshot, tmp_path):
+    directory, _, _ = waiting_snapshot
+    out = tmp_path / "out"
+    vm = started(launcher, out, MEM, guest("resume"), *RESUME)
+    wait_for(out, "before:")
+    target = f"/v1/vms/{vm['id']}/snapshot"
+    assert "exists" in refused(launcher, target, {"dir": str(directory)})
+    assert "absolute" in refused(launcher, target, {"dir": "relative/snap"})
+    assert "cannot create" in refused(launcher, target, {"dir": str(tmp_path / "no" / "s")})
+    assert '"dir"' in refused(launcher, target, {})
+    assert '"stop"' in refused(launcher, target, {"dir": str(tmp_path / "s"), "stop": 1})
+    assert "unknown key" in refused(launcher, target, {"dir": str(tmp_path / "s"), "x": 1})
+    assert not (tmp_path / "s").exists()
+    refused(launcher, "/v1/vms/nosuch/snapshot", {"dir": str(tmp_path / "s")}, 404)
+    # It still runs, and a good request after the bad ones is taken.
+    assert snapshot(launcher, vm, tmp_path / "good", stop=True)["pages"] > 0
+    assert ended(launcher, vm["id"])["exit_status"] == 0
+    ended_line = refused(launcher, target, {"dir": str(tmp_path / "late")}, 409)
+    assert "exited" in ended_line and not (tmp_path / "late").exists()
+
+
+def test_a_vm_with_its_own_snapshot_trigger_is_refused_and_no_directory_stays(launcher, tmp_path):
+    """A VM whose snapshot cannot be taken (its own --snapshot-at) is
+    refused by its process, and the launcher removes the directory."""
+    out = tmp_path / "out"
+    own = tmp_path / "own"
+    vm = started(
+        launcher,
+        out,
+        MEM,
+        "--snapshot-at=sigusr2",
+        f"--snapshot-dir={own}",
+        guest("resume"),
+        *RESUME,
+    )
+    wait_for(out, "before:")
+    line = refused(launcher, f"/vms/{vm['id']}/snapshot", {"dir": str(tmp_path / "s")}, 409)
+    assert "--snapshot-at" in line and not (tmp_path / "s").exists()
+    launcher.api("POST", f"/vms/{vm['id']}/stop")
+
+
+def test_bad_restores_are_refused_with_the_commands_line(launcher, waiting_snapshot, tmp_path):
+    directory, _, _ = waiting_snapshot
+    missing = refused(launcher, "/v1/vms", {"restore": str(tmp_path / "none")})
+    assert missing.startswith("pyvmm: --restore: ")
+    corrupt = tmp_path / "corrupt"
+    os.mkdir(corrupt, 0o700)
+    for part in directory.iterdir():
+        (corrupt / part.name).write_bytes(part.read_bytes())
+        os.chmod(corrupt / part.name, 0o600)
+    meta = json.loads((corrupt / "snapshot.json").read_text())
+    meta["plan"]["mem_size"] += 1 << 21  # the checksum no longer agrees
+    (corrupt / "snapshot.json").write_text(json.dumps(meta))
+    assert "checksum" in refused(launcher, "/v1/vms", {"restore": str(corrupt)})
+    foreign = tmp_path / "foreign"
+    os.mkdir(foreign, 0o700)
+    (foreign / "snapshot.json").write_text('{"format": "not-pyvmm"}')
+    os.chmod(foreign / "snapshot.json", 0o600)
+    assert refused(launcher, "/v1/vms", {"restore": str(foreign)}).startswith("pyvmm: --restore")
+    assert "not declared" in refused(
+        launcher, "/v1/vms", {"restore": str(directory), "argv": ["--block:disk=/nonexistent"]}
+    )
+    assert "argv" in refused(launcher, "/v1/vms", {"restore": str(directory), "argv": "x"})
+    refused(launcher, "/v1/pool", {"restore": str(tmp_path / "none")})
+    assert launcher.api("GET", "/pool")[1]["pools"] == []
+
+
+def test_the_snapshot_route_answers_as_the_openapi_document_says(
+    launcher, waiting_snapshot, tmp_path
+):
+    api = Described(launcher)
+    out = tmp_path / "out"
+    vm = started(launcher, out, MEM, guest("resume"), *RESUME)
+    wait_for(out, "before:")
+    target = f"/v1/vms/{vm['id']}/snapshot"
+    api("POST", target, {"dir": "relative"}, expect=400)
+    api("POST", target, {"dir": str(tmp_path / "s"), "stop": True}, expect=200)
+    api("POST", "/v1/vms", {"restore": str(tmp_path / "s"), "wait": True}, expect=200)
+    assert ("POST", "/vms/{id}/snapshot") in api.seen
