@@ -364,8 +364,8 @@ OPTIONS: tuple[CliOption | object, ...] = (
         ("--restore",),
         "DIR",
         "resume the snapshot in DIR instead of a boot:\n"
-        "no KERNEL operand; block devices attached\n"
-        "anew (--block:NAME=PATH)",
+        "no KERNEL operand; devices attached anew\n"
+        "(--net:NAME=TAP, --block:NAME=PATH)",
         _set("restore", _text),
         complete="file",
     ),
