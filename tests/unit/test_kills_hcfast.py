@@ -14,7 +14,9 @@ last block of a disk, the 64th poll handle, a handle with no device).
 from __future__ import annotations
 
 import errno
+import faulthandler
 import os
+import signal
 import socket
 import struct
 import time
@@ -128,7 +130,11 @@ READ, WRITE = lib.HVT_HYPERCALL_BLOCK_READ, lib.HVT_HYPERCALL_BLOCK_WRITE
 
 
 @pytest.mark.parametrize("offset,length", [((BLOCKS - 1) * BLOCK, BLOCK), (0, BLOCKS * BLOCK)])
-def test_a_read_up_to_the_disks_last_byte_is_answered_in_c(rig, disk, offset, length):
+@pytest.mark.parametrize("stale_errno", [0, errno.EINTR])
+def test_a_read_up_to_the_disks_last_byte_is_answered_in_c(rig, disk, offset, length, stale_errno):
+    """Also with errno left at EINTR by an earlier call (cffi hands
+    ffi.errno to the next C call): a read that succeeded is no retry."""
+    ffi.errno = stale_errno
     arg = rig.struct("hvt_hc_block_read", handle=3, offset=offset, data=DATA, len=length, ret=-9)
     assert isinstance(rig.run((READ, ARG)), exits.Hlt)
     assert arg.ret == lib.HVT_RET_OK
@@ -194,6 +200,30 @@ def test_a_file_that_shrank_is_eunspec(rig, disk, stale_errno):
     assert arg.ret == lib.HVT_RET_EUNSPEC and rig.fp.block_reads == 1
 
 
+@pytest.mark.parametrize("nr,mode", [(READ, os.O_WRONLY), (WRITE, os.O_RDONLY)])
+def test_a_disk_that_refuses_the_io_is_eunspec(rig, disk, tmp_path, nr, mode):
+    fd = os.open(tmp_path / "disk", mode)
+    try:
+        rig.fp.blk_fd[3] = fd
+        arg = rig.struct("hvt_hc_block_read", handle=3, offset=0, data=DATA, len=BLOCK, ret=-9)
+        assert isinstance(rig.run((nr, ARG)), exits.Hlt)
+        assert arg.ret == lib.HVT_RET_EUNSPEC
+    finally:
+        os.close(fd)
+
+
+def test_a_handle_past_the_table_goes_to_python_whatever_the_struct_holds(rig, disk):
+    """Handle 64 is one past the arrays: nothing after them is read as its
+    disk, even when the fields there would pass for one (the next array's
+    first entries, the poll set's count, as laid out in the struct)."""
+    rig.fp.blk_capacity[0] = 3
+    rig.fp.n_poll = BLOCK
+    rig.fp.blk_block_size[0] = rig.fp.blk_block_size[1] = BLOCKS * BLOCK
+    rig.struct("hvt_hc_block_read", handle=64, offset=0, data=DATA, len=BLOCK)
+    assert to_python(rig.run((READ, ARG)), READ)
+    rig.fp.n_poll = 0
+
+
 # --- net -------------------------------------------------------------------------------
 
 NREAD, NWRITE = lib.HVT_HYPERCALL_NET_READ, lib.HVT_HYPERCALL_NET_WRITE
@@ -249,6 +279,20 @@ def test_a_frame_of_the_largest_size_is_written_and_one_byte_more_goes_to_python
     arg.len = MAX_FRAME + 1
     assert to_python(rig.run((NWRITE, ARG)), NWRITE)
     assert rig.fp.net_writes == 1
+
+
+@pytest.mark.parametrize("nr", [NREAD, NWRITE])
+def test_a_tap_that_fails_is_eunspec(rig, tmp_path, nr):
+    """A read or write that fails for another reason than a full or down
+    tap (here a directory's descriptor: EISDIR, EBADF) is EUNSPEC."""
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        rig.fp.net_fd[5], rig.fp.max_frame[5] = fd, MAX_FRAME
+        arg = rig.struct("hvt_hc_net_read", handle=5, data=DATA, len=60, ret=-9)
+        assert isinstance(rig.run((nr, ARG)), exits.Hlt)
+        assert arg.ret == lib.HVT_RET_EUNSPEC
+    finally:
+        os.close(fd)
 
 
 def test_a_runt_is_dropped_and_counted(rig, tap):
@@ -326,6 +370,26 @@ def test_a_set_larger_than_the_struct_is_cut_to_it(rig, fds):
     assert arg.ready_set == 1 << 63
 
 
+def test_a_signal_in_the_wait_returns_to_python_with_the_answer(rig, fds):
+    """A signal that ends the poll's wait (here SIGALRM, whose handler is
+    Python's) comes back as Interrupted, the poll answered, so Python runs
+    its handler now rather than at the guest's next exit."""
+    (stop,) = fds(1)
+    set_poll(rig, [(stop, -1)])
+    arg = rig.struct("hvt_hc_poll", timeout_nsecs=20 * 10**9, ready_set=0xFF, ret=-9)
+    seen = []
+    old = signal.signal(signal.SIGALRM, lambda *_: seen.append(1))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        exit = rig.run((POLL, ARG))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert isinstance(exit, exits.Interrupted), exit
+    assert (arg.ret, arg.ready_set, rig.fp.polls) == (lib.HVT_RET_OK, 0, 1)
+    assert seen == [1]
+
+
 def test_a_wait_as_long_as_the_idle_mark_is_remembered(rig, fds):
     """poll_idle: whether the last wait blocked POLL_IDLE_NS (200 us) or more,
     which the next poll reads to skip the shmstream moderation."""
@@ -397,3 +461,27 @@ def test_a_buffer_of_the_largest_length_is_answered_in_c(tmp_path):
         ours.close()
         theirs.close()
         rig.close()
+
+
+def test_the_answers_guard_is_gone_once_the_run_returns(tmp_path):
+    """Every answer is under a guard (guard.h) that must be left when the
+    answer is done: a SIGBUS on guest memory after the run, outside any
+    guard, is then the ordinary SIGBUS (the process dies of it) and never a
+    jump back into a finished answer. Run in a child, which dies."""
+    image = tmp_path / "image"
+    image.write_bytes(b"\x5a" * 4096)
+    pid = os.fork()
+    if pid == 0:  # the child: never returns to pytest
+        try:
+            faulthandler.disable()  # the SIGBUS is expected: no dump of it
+            rig = Rig()
+            fd = os.open(image, os.O_RDONLY)
+            assert rig.mem.map_file(DATA, 4096, fd, 0) == 0
+            rig.struct("hvt_hc_walltime")
+            assert isinstance(rig.run((lib.HVT_HYPERCALL_WALLTIME, ARG)), exits.Hlt)
+            os.truncate(image, 0)
+            rig.peek(DATA, 1)  # the page is gone: SIGBUS, unguarded
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGBUS, status
