@@ -141,6 +141,19 @@ def registers(vcpu: Vcpu) -> str:
     return " ".join(parts)
 
 
+def linear_address_bits() -> int:
+    """The linear-address width of the CPU setup_vcpu gives the guest
+    (CPUID.80000008H:EAX[15:8]): 57 where KVM offers 5-level paging. WRMSR
+    checks the FS, GS and kernel-GS bases against it whatever paging is on,
+    as KVM's own emulator does; 48 before any vCPU is set up."""
+    cpuid = _supported
+    for i in range(cpuid.nent if cpuid is not None else 0):
+        entry = cpuid.entries[i]
+        if entry.function == 0x80000008:
+            return (entry.eax >> 8) & 0xFF or 48
+    return 48
+
+
 def cpu_has_fsgsbase(cpuid) -> bool:
     """CPUID.(EAX=7,ECX=0):EBX bit 0, as KVM would show it to the guest."""
     for i in range(cpuid.nent):

@@ -74,6 +74,7 @@ PF_USER = 1 << 2
 MSR_FS_BASE = 0xC0000100
 MSR_GS_BASE = 0xC0000101
 MSR_KERNEL_GS_BASE = 0xC0000102
+_BASE_MSRS = (MSR_FS_BASE, MSR_GS_BASE, MSR_KERNEL_GS_BASE)
 
 TSS_AVAILABLE = 0x9
 TSS_BUSY = 0xB
@@ -265,7 +266,13 @@ class TrapEmulator:
         self.shadow.interrupts = True
 
     def _do_hlt(self, frame: Frame, insn: Instruction, next_rip: int) -> None:
-        raise GuestFault(f"guest halted the CPU without the halt hypercall (rip={frame.rip:#x})")
+        # As at level 0, where the halted CPU's RIP is past the hlt (the
+        # frame too: the fault report and a core file read the guest there).
+        frame.rip = next_rip
+        self._resume(frame)
+        raise GuestFault(
+            f"guest halted the CPU without the halt hypercall ({self._where(frame, next_rip)})"
+        )
 
     def _do_lgdt(self, frame: Frame, insn: Instruction, next_rip: int) -> None:
         address = self._address(frame, insn)
@@ -277,17 +284,26 @@ class TrapEmulator:
         self.shadow.idt_limit = self._read(address, 2)
         self.shadow.idt_base = self._read(address + 2, 8)
 
-    def _do_ltr(self, frame: Frame, insn: Instruction, next_rip: int) -> None:
+    def _do_ltr(self, frame: Frame, insn: Instruction, next_rip: int) -> bool | None:
         selector = self._operand16(frame, insn)
         offset = selector & ~7
         if selector & 4 or offset + 15 > self.shadow.gdt_limit:
             raise Unsupported(self._unsupported(frame, f"ltr {selector:#x}: no such TSS"))
-        low, high = struct.unpack("<QQ", self.memory.read(self.shadow.gdt_base + offset, 16))
-        if (low >> 40) & 0xF not in (TSS_AVAILABLE, TSS_BUSY) or not (low >> 47) & 1:
+        descriptor = self.shadow.gdt_base + offset
+        low, high = struct.unpack("<QQ", self.memory.read(descriptor, 16))
+        kind = (low >> 40) & 0xF
+        if kind not in (TSS_AVAILABLE, TSS_BUSY) or not (low >> 47) & 1:
             raise Unsupported(self._unsupported(frame, f"ltr {selector:#x}: not a TSS"))
+        if kind == TSS_BUSY:  # the CPU's #GP(selector): a TSS is loaded once
+            self._deliver(frame, GP, selector & 0xFFFC, frame.rip)
+            return False
         base = ((low >> 16) & 0xFFFFFF) | (((low >> 56) & 0xFF) << 24) | ((high & 0xFFFFFFFF) << 32)
+        # The CPU marks the descriptor busy in the guest's own GDT.
+        access = (low >> 40) & 0xFF
+        self.memory.store(descriptor + 5, bytes([access | (TSS_BUSY ^ TSS_AVAILABLE)]), what="GDT")
         self.shadow.tr = selector
         self.shadow.tss_base = base
+        return None
 
     def _do_mov_to_sreg(self, frame: Frame, insn: Instruction, next_rip: int) -> None:
         selector = self._operand16(frame, insn)
@@ -338,9 +354,12 @@ class TrapEmulator:
         assert isinstance(insn.rm, int)
         frame.set_reg(insn.rm, values[insn.reg])
 
-    def _do_wrmsr(self, frame: Frame, insn: Instruction, next_rip: int) -> None:
+    def _do_wrmsr(self, frame: Frame, insn: Instruction, next_rip: int) -> bool | None:
         msr = frame.regs.rcx & 0xFFFFFFFF
         value = ((frame.regs.rdx & 0xFFFFFFFF) << 32) | (frame.regs.rax & 0xFFFFFFFF)
+        if msr in _BASE_MSRS and not _canonical(value, cpu.linear_address_bits()):
+            self._deliver(frame, GP, 0, frame.rip)  # the CPU's #GP(0)
+            return False
         if msr == MSR_FS_BASE:
             frame.sregs.fs.base = value
             frame.sregs_dirty = True
@@ -351,6 +370,7 @@ class TrapEmulator:
             self.shadow.kernel_gs_base = value
         else:
             raise Unsupported(self._unsupported(frame, f"wrmsr {msr:#x}"))
+        return None
 
     def _do_rdmsr(self, frame: Frame, insn: Instruction, next_rip: int) -> None:
         msr = frame.regs.rcx & 0xFFFFFFFF
@@ -406,8 +426,7 @@ class TrapEmulator:
                 what = explain_page_fault(self.memory, rip, shadow.cr2)
             else:
                 what = f"triple fault (unhandled exception {name})"
-            where = f"rip={rip:#x} rsp={frame.rsp:#x} cr2={frame.sregs.cr2:#x}"
-            raise GuestFault(f"guest fault: {what} ({where})")
+            raise GuestFault(f"guest fault: {what} ({self._where(frame, rip)})")
         low, high = struct.unpack(
             "<QQ", self.memory.read(shadow.idt_base + vector * 16, 16, what="guest IDT")
         )
@@ -442,6 +461,11 @@ class TrapEmulator:
         frame.rsp = new_rsp
         frame.cs = code.selector | 3
 
+    def _where(self, frame: Frame, rip: int) -> str:
+        """Where the guest is, in a fault's words (cpu.where at level 0),
+        with the CR2 the guest sees."""
+        return f"rip={rip:#x} rsp={frame.rsp:#x} cr2={self.shadow.cr2:#x}"
+
     @staticmethod
     def _name(vector: int) -> str:
         return VECTOR_NAMES.get(vector, f"vector {vector}")
@@ -472,9 +496,10 @@ def _guest_rflags(rflags: int) -> int:
     return (rflags & ~(RFLAGS_IF | RFLAGS_IOPL | RFLAGS_VM)) | RFLAGS_RESERVED
 
 
-def _canonical(address: int) -> bool:
-    top = address >> 47
-    return top == 0 or top == (1 << 17) - 1
+def _canonical(address: int, bits: int = 48) -> bool:
+    """Bits 63 down to ``bits`` - 1 all equal (48: 4-level paging's width)."""
+    top = address >> (bits - 1)
+    return top == 0 or top == (1 << (65 - bits)) - 1
 
 
 def emulator(mode: str, vcpu: Vcpu, memory: GuestMemory) -> TrapEmulator | None:
