@@ -214,6 +214,8 @@ struct container {
     char *made[MAX_DIRS];
     int nmade;
     char *state; /* the JSON object */
+    long vm_pid; /* the warm path's VM (the pid above is its relay's) */
+    char vm_start[32];
 };
 
 static int valid_id(const char *id)
@@ -271,6 +273,8 @@ static int load(struct container *c, const char *id)
             c->made[c->nmade++] = line + 5;
         else if (strncmp(line, "state {", 7) == 0)
             c->state = line + 6;
+        else if (strncmp(line, "vm ", 3) == 0)
+            sscanf(line + 3, "%ld %31s", &c->vm_pid, c->vm_start);
         else
             return 0;
     }
@@ -314,6 +318,8 @@ static const char *status(const struct container *c)
         return "stopped";
     return access(c->fifo, F_OK) == 0 ? "created" : "running";
 }
+
+#include "oci_warm.h" /* create's warm path, on the helpers above */
 
 /* -- commands ---------------------------------------------------------------- */
 
@@ -416,6 +422,12 @@ static int cmd_kill(struct container *c, int signum, int all)
     }
     if (all)
         signal_cgroup(c, signum);
+    if (signum == SIGKILL && c->vm_pid > 0) { /* the one signal the relay cannot pass on */
+        struct container vm = {.pid = c->vm_pid};
+        snprintf(vm.start_time, sizeof vm.start_time, "%s", c->vm_start);
+        if (alive(&vm))
+            kill((pid_t)vm.pid, SIGKILL);
+    }
     return 0;
 }
 
@@ -496,7 +508,7 @@ int main(int argc, char **argv)
     g_begin = oci_timeline_now();
     g_argc = argc;
     g_argv = argv;
-    int i = 1;
+    int i = 1, debug = 0, systemd = 0;
     for (; i < argc && argv[i][0] == '-'; i++) {
         const char *value;
         if ((value = option_value("--root", &i)) != NULL)
@@ -509,12 +521,18 @@ int main(int argc, char **argv)
             g_log = value;
         else if (option_value("--rootless", &i) || option_value("--criu", &i))
             ;
-        else if (strcmp(argv[i], "--debug") && strcmp(argv[i], "--systemd-cgroup"))
+        else if (!strcmp(argv[i], "--debug"))
+            debug = 1;
+        else if (!strcmp(argv[i], "--systemd-cgroup"))
+            systemd = 1;
+        else
             python(); /* --help, --version, anything else */
     }
     if (i >= argc || g_root[0] == '\0' || strlen(g_root) > PATH_MAX / 2)
         python();
     const char *command = argv[i++];
+    if (!strcmp(command, "create"))
+        return warm_create(argc, argv, i, debug, systemd); /* or the cold one, Python's */
     int flag = 0, json = 0;
     const char *words[2] = {NULL, NULL};
     int nwords = 0;

@@ -721,6 +721,8 @@ def test_the_live_answers_match_the_openapi_document_under_both_prefixes(launche
     api("GET", "/v1/nothing/here", expect=404)
     api("GET", "/v2/vms", expect=404)
     api("POST", "/v1/vms/nosuch/stop", expect=404)
+    api("POST", "/v1/vms/nosuch/start", {"wait": True}, expect=404)
+    api("POST", "/v1/containers", {"bundle": "relative"}, expect=400)
     api("POST", "/v1/vms/nosuch/snapshot", {"dir": str(tmp_path / "s")}, expect=404)
     api.raw("POST", "/v1/vms", b"{not json", expect=400)
     api.raw("POST", "/v1/pool", b'{"argv": [], "size": 99}', expect=400)

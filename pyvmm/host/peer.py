@@ -25,6 +25,14 @@ def peer_uid(sock: socket.socket) -> int:
     return _UCRED.unpack(data)[1]
 
 
+def peer_pid(sock: socket.socket) -> int:
+    """The process at the other end, as it was at connect(2) (a process
+    that connected itself: pyvmm-oci's relay, which the launcher moves
+    into its container's cgroup)."""
+    data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    return _UCRED.unpack(data)[0]
+
+
 def trusted(uid: int, allowed: frozenset[int] = frozenset()) -> bool:
     """Root, this process's own user, or one of ``allowed``."""
     return uid == 0 or uid == os.geteuid() or uid in allowed

@@ -202,6 +202,8 @@ class Container:
         cgroup = state.get("cgroup") or {"dirs": {}, "made": []}
         lines += [f"leaf {d}" for d in sorted(set(cgroup["dirs"].values()))]
         lines += [f"made {d}" for d in cgroup["made"]]
+        if state.get("warm"):  # the VM, which SIGKILL reaches past its relay
+            lines.append(f"vm {state['warm']['pid']} {state['warm']['start_time']}")
         if any("\n" in line for line in lines) or state["start_time"] is None:
             return  # (a path with a newline in it): every call goes to Python
         lines.append("state " + json.dumps(_state_json(state, None)))
@@ -450,6 +452,10 @@ def kill(root: str, args: argparse.Namespace) -> None:
         os.kill(state["pid"], signum)
     except ProcessLookupError:
         raise RuntimeError_("container not running") from None
+    warm = state.get("warm")  # the warm path's relay passes every signal on but this one
+    if warm and signum == signal.SIGKILL and _start_time(warm["pid"]) == warm["start_time"]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(warm["pid"], signum)
     if args.all and state.get("cgroup"):  # runc's --all: every process in the cgroup
         cgroups.Cgroup.from_state(state["cgroup"]).signal_all(signum)
 

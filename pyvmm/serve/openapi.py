@@ -179,6 +179,26 @@ SCHEMAS: dict[str, Any] = {
             "vm": _ref("Vm"),
         },
     },
+    "CreateContainer": {
+        "description": "pyvmm-oci's warm create: the container's VM prepared from its "
+        "bundle and held until POST /vms/ID/start (root and the launcher's user only)",
+        "type": "object",
+        "required": ["bundle", "id", "root", "vm"],
+        "additionalProperties": False,
+        "properties": {
+            "bundle": {**_PATH, "description": "the OCI bundle, an absolute path"},
+            "id": {"type": "string", "description": "the container's id"},
+            "root": {**_PATH, "description": "pyvmm-oci's state directory (--root)"},
+            "vm": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"},
+            "systemd_cgroup": {"type": "boolean", "default": False},
+            "debug": {"type": "boolean", "default": False},
+        },
+    },
+    "Start": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {"wait": {"type": "boolean", "description": "answer once it has ended"}},
+    },
     "OpenApi": {"type": "object", "required": ["openapi", "paths"]},
 }
 
@@ -212,6 +232,17 @@ OPERATIONS: dict[str, tuple[str, str | None, dict[str, tuple[str, str]]]] = {
         "Write a snapshot of a running VM to a new directory; the guest runs on or stops",
         "Snapshot",
         {"200": ("written and synced", "SnapshotTaken")},
+    ),
+    "start_vm": (
+        "Start a held VM (a container's) with the console fds passed",
+        "Start",
+        {"200": ("its guest runs (with \"wait\": true, once it has ended)", "Vm")},
+    ),
+    "create_container": (
+        "Prepare an OCI container's VM from its bundle, held until its start (501: the "
+        "warm path does not take it, the cold create will)",
+        "CreateContainer",
+        {"201": ("prepared, waiting for its start", "Vm")},
     ),
     "list_pools": ("The pools", None, {"200": ("", "Pools")}),
     "create_pool": (

@@ -24,6 +24,8 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/vms/{id}/stop"): "stop_vm",
     ("GET", "/vms/{id}/wait"): "wait_vm",
     ("GET", "/vms/{id}/stats"): "vm_stats",
+    ("POST", "/vms/{id}/start"): "start_vm",
+    ("POST", "/containers"): "create_container",
     ("POST", "/vms/{id}/snapshot"): "snapshot_vm",
     ("GET", "/pool"): "list_pools",
     ("POST", "/pool"): "create_pool",

@@ -32,7 +32,7 @@ from typing import Any
 from pyvmm import __version__
 from pyvmm.common.errors import PyvmmError, stop_message
 from pyvmm.common.stopping import internal_error
-from pyvmm.host.peer import peer_uid, trusted
+from pyvmm.host.peer import peer_pid, peer_uid, trusted
 from pyvmm.serve import http
 from pyvmm.serve.events import MAX_MESSAGE, BadMessage, parse_event
 from pyvmm.serve.http import HttpError, Request, error_body
@@ -134,6 +134,11 @@ class Launcher:
         self._ids = itertools.count(1)
         self.pools: dict[tuple, Pool] = {}
         self._pool_ids = itertools.count(1)
+        #: Containers' VMs being prepared (pyvmm-oci's warm create), by
+        #: pid: (the container's state, the relay's pid), until prepared.
+        self.held: dict[int, tuple[Any, int]] = {}
+        #: Containers' VMs prepared and waiting for POST /vms/ID/start.
+        self.startable: set[int] = set()
         #: The last create's command line and directory (``_rehearse``).
         self._last_create: dict[str, Any] | None = None
         self.stopping = 0
@@ -501,6 +506,8 @@ class Launcher:
             return self._pool(req)
         if operation == "delete_pools":
             return self._delete_pools()
+        if operation == "create_container":
+            return self._create_container(conn, req)
         vm = self.vms.get(vm_id or "")
         if vm is None:
             raise HttpError(404, f"no VM with id {(vm_id or '')[:80]!r}")
@@ -512,6 +519,8 @@ class Launcher:
             return self._stop(conn, vm, req, forget=False)
         if operation == "wait_vm":
             return self._wait(conn, vm)
+        if operation == "start_vm":
+            return self._start_held(conn, vm, req)
         if operation == "snapshot_vm":
             return self._snapshot(conn, vm, req)
         return self._stats(conn, vm)  # "vm_stats"
@@ -609,6 +618,91 @@ class Launcher:
             relay.read()
             self.selector.unregister(relay.fd)
             relay.close()
+
+    # -- containers: prepared at pyvmm-oci's create, started at its start ----------
+
+    def _create_container(self, conn: Conn, req: Request) -> None:
+        """pyvmm-oci's warm create (docs/orchestration.md): the container's
+        VM prepared from its bundle up to its first instruction, then held
+        until POST /vms/ID/start. Only root and the launcher's own user may
+        ask: the bundle's state and cgroup are written as the launcher's."""
+        from pyvmm.oci import warm as oci_warm
+
+        if self.stopping:
+            raise HttpError(503, "pyvmm: the launcher is stopping")
+        relay, uid = peer_pid(conn.sock), peer_uid(conn.sock)
+        if not trusted(uid):
+            raise HttpError(403, f"pyvmm: uid {uid} may not create containers (root only)")
+        body = req.json()
+        vm_id = self._new_id(checked_id({"id": body.get("vm")}))
+        self._room_for_a_vm()
+        arrived = conn.arrived_ns or time.monotonic_ns()
+        try:
+            container = oci_warm.prepare(body)
+        except oci_warm.Refused as err:  # 501: not for the warm path, the cold one will do
+            raise HttpError(501 if err.cold else 400, str(err)) from None
+        try:
+            prepared = prepare({"argv": container.argv}, [], self.facts)
+            prepared.spec.pooled = True  # set up to its first instruction, then waits
+            vm = spawn(vm_id, prepared, arrived, self.close_in_child)
+        except BaseException:
+            container.remove()
+            raise
+        finally:
+            container.close()  # the unikernel's descriptor: read, and the child keeps none
+        vm.pooled = True
+        self.held[vm.pid] = (container, relay)
+        self.vms[vm.id] = vm
+        self._track(vm)
+        self.waiters[vm.pid].append((conn, "create"))
+        try:  # at once: what the child touches from now on is the container's
+            container.join(vm.pid)
+        except oci_warm.Refused as err:
+            vm.error = str(err)
+            self._signal(vm, signal.SIGKILL)
+        return None
+
+    def _container_ready(self, vm: Vm) -> None:
+        """A container's VM is prepared: the relay joins its cgroup, the
+        state that pyvmm-oci's other verbs read is written, create answered."""
+        from pyvmm.oci import warm as oci_warm
+
+        container, relay = self.held.pop(vm.pid)
+        try:
+            container.ready(vm.id, vm.pid, relay)
+        except oci_warm.Refused as err:
+            self.held[vm.pid] = (container, relay)  # removed at its reap
+            self._answer(vm, "create", 400, error_body(str(err)))
+            self._signal(vm, signal.SIGKILL)
+            return
+        self.startable.add(vm.pid)
+        vm.state = "ready"
+        self._answer(vm, "create", 201)
+
+    def _start_held(self, conn: Conn, vm: Vm, req: Request) -> None:
+        """POST /vms/ID/start: a held VM gets its console (the fds passed)
+        and its start; answered once it runs, or at its end with "wait"."""
+        import json
+
+        body = req.json()
+        wait = body.get("wait", False)
+        if set(body) - {"wait"} or not isinstance(wait, bool):
+            raise HttpError(400, 'a start takes only "wait" (true or false), and the console fds')
+        if vm.pid not in self.startable:
+            raise HttpError(409, f"VM {vm.id} is {vm.state}: only a held VM is started")
+        if len(req.fds) > MAX_FDS:
+            raise HttpError(400, f"at most {MAX_FDS} file descriptors (stdout, stderr)")
+        arrived = conn.arrived_ns or time.monotonic_ns()
+        message = b"go" + json.dumps({"arrived_ns": arrived}).encode()
+        try:
+            socket.send_fds(vm.channel, [message], req.fds)
+        except OSError as err:
+            self._signal(vm, signal.SIGKILL)
+            raise HttpError(503, f"pyvmm: the VM did not take its start: {err}") from None
+        self.startable.discard(vm.pid)
+        vm.state, vm.arrived_ns = "starting", arrived
+        self.waiters[vm.pid].append((conn, "start+wait" if wait else "start"))
+        return None
 
     # -- pools ---------------------------------------------------------------------
 
@@ -867,6 +961,7 @@ class Launcher:
             vm.cpu_ns["child"] = event["cpu_ns"]
             vm.state = "running"
             self._answer(vm, "create", 201)
+            self._answer(vm, "start", 200)
             if not vm.pooled:
                 self._rehearse()
             # Once it no longer needs the CPU to start (a fork and a set-up
@@ -879,6 +974,8 @@ class Launcher:
                 pool.preparing.remove(vm)
                 pool.ready.append(vm)
                 vm.state = "ready"
+            if vm.pid in self.held:
+                self._container_ready(vm)
         elif kind == "error":
             vm.error = event["message"]
             pool = self.pools.get(vm.pool) if vm.pool else None
@@ -888,8 +985,8 @@ class Launcher:
                 vm.listed = False
                 status = 500 if event["internal"] else 400
                 body = error_body(vm.error, event["status"])
-                self._answer(vm, "create", status, body)
-                self._answer(vm, "create+wait", status, body)
+                for kind in ("create", "create+wait", "start", "start+wait"):
+                    self._answer(vm, kind, status, body)
                 self._refill(vm)
         elif kind == "stats":
             waiting = self.stats_waiters.get(vm.pid)
@@ -941,7 +1038,8 @@ class Launcher:
         pending = self.waiters.pop(vm.pid, [])
         forget = any(kind == "delete" for _, kind in pending)
         for conn, kind in pending:
-            if kind == "create" or kind == "create+wait" and "running" not in vm.times:
+            started = "running" in vm.times
+            if kind in ("create", "start") or kind.endswith("+wait") and not started:
                 # it ended before its guest ran, and said nothing
                 how = f"killed by {vm.signal}" if vm.signal else f"status {vm.exit_status}"
                 vm.error = vm.error or f"pyvmm: the VM's process ended before its guest ran ({how})"
