@@ -40,7 +40,7 @@ trace.early("interpreter start")
 from pyvmm.common import stopping  # noqa: E402  (after the mark: the interpreter's own start)
 
 #: The warm launcher and its client (pyvmm.serve), the command's first word.
-SUBCOMMANDS = (["serve"], ["run"])
+SUBCOMMANDS = (["serve"], ["run"], ["snapshot"])
 
 
 def main() -> int:

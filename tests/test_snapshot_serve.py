@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -322,3 +323,33 @@ def test_the_snapshot_route_answers_as_the_openapi_document_says(
     api("POST", target, {"dir": str(tmp_path / "s"), "stop": True}, expect=200)
     api("POST", "/v1/vms", {"restore": str(tmp_path / "s"), "wait": True}, expect=200)
     assert ("POST", "/vms/{id}/snapshot") in api.seen
+
+
+def test_the_snapshot_command_writes_one_of_a_running_vm(launcher, tmp_path):
+    """``pyvmm snapshot --api-sock PATH [--stop] ID DIR``: DIR taken from
+    the command's own directory, one line on stdout; its errors one line
+    and status 1."""
+    out = tmp_path / "out"
+    vm = started(launcher, out, MEM, guest("resume"), *RESUME)
+    wait_for(out, "before:")
+    command = ("snapshot", "--api-sock", launcher.path)
+
+    def run_pyvmm(*args: str, cwd: Path) -> subprocess.CompletedProcess:  # in the test's own dir
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        argv = [sys.executable, "-m", "pyvmm", *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=cwd, env=env)
+
+    taken = run_pyvmm(*command, vm["id"], "snap", cwd=tmp_path)
+    assert taken.returncode == 0, taken.stderr
+    assert taken.stdout.startswith(f"pyvmm: snapshot of VM {vm['id']} written to {tmp_path}/snap")
+    assert (tmp_path / "snap" / "snapshot.json").exists()
+    again = run_pyvmm(*command, vm["id"], "snap", cwd=tmp_path)
+    assert again.returncode == 1 and again.stderr.count("\n") == 1 and "exists" in again.stderr
+    for bad in ([vm["id"]], ["--now", vm["id"], "x"], ["nosuch", "x"]):
+        wrong = run_pyvmm(*command, *bad, cwd=tmp_path)
+        assert wrong.returncode == 1 and wrong.stderr.count("\n") == 1, wrong.stderr
+        assert wrong.stderr.startswith("pyvmm: ") and "Traceback" not in wrong.stderr
+    stopped = run_pyvmm(*command, "--stop", vm["id"], "last", cwd=tmp_path)
+    assert stopped.returncode == 0 and stopped.stdout.endswith("the VM ends\n"), stopped.stderr
+    assert ended(launcher, vm["id"])["exit_status"] == 0
+    assert "pyvmm snapshot --api-sock PATH [--stop] ID DIR" in run_pyvmm("--help", cwd=ROOT).stdout

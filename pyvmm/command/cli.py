@@ -563,6 +563,7 @@ def usage() -> str:
         "       pyvmm [OPTIONS] --restore=DIR",
         "       pyvmm serve --api-sock PATH",
         "       pyvmm run --api-sock PATH [OPTIONS] [--] KERNEL [ARGS...]",
+        "       pyvmm snapshot --api-sock PATH [--stop] ID DIR",
         "",
         "Run a Solo5 hvt unikernel on KVM. Options (solo5-hvt's, and pyvmm's own):",
     ]
@@ -577,7 +578,10 @@ def usage() -> str:
         "pyvmm serve: a warm launcher: pyvmm imported once, then each VM started",
         "as its own child process on request over the Unix socket PATH (HTTP/JSON,",
         "docs/serve.md). pyvmm run --api-sock PATH: the command through it (the",
-        "same options, console and exit status).",
+        "same options, console and exit status). pyvmm snapshot --api-sock PATH",
+        "ID DIR: a snapshot of its running VM ID in the new directory DIR (the guest",
+        "runs on; with --stop its VM ends), resumed by pyvmm --restore=DIR or by the",
+        "launcher (docs/snapshots.md).",
         "",
         "Exit status:",
     ]

@@ -56,6 +56,9 @@ def man_page() -> str:
         ".br",
         ".B pyvmm run \\-\\-api\\-sock",
         "\\fIPATH\\fR [\\fIOPTIONS\\fR] [\\fB\\-\\-\\fR] \\fIKERNEL\\fR [\\fIARGS\\fR...]",
+        ".br",
+        ".B pyvmm snapshot \\-\\-api\\-sock",
+        "\\fIPATH\\fR [\\fB\\-\\-stop\\fR] \\fIID\\fR \\fIDIR\\fR",
         ".SH DESCRIPTION",
         DESCRIPTION,
         ".PP",
@@ -65,7 +68,10 @@ def man_page() -> str:
             "bodies: create, list, wait, counters, stop; pools of VMs prepared ahead). "
             "pyvmm run --api-sock PATH runs a guest through it with the command's options, "
             "console and exit status. SIGTERM or SIGINT to the launcher stops its VMs; "
-            "they also end if it is killed. docs/serve.md in pyvmm's source has the API."
+            "they also end if it is killed. docs/serve.md in pyvmm's source has the API. "
+            "pyvmm snapshot --api-sock PATH ID DIR writes a snapshot of the launcher's "
+            "running VM ID to the new directory DIR; the guest runs on, or with --stop its "
+            "VM ends once the snapshot is written. pyvmm --restore=DIR resumes it."
         ),
         ".SH OPTIONS",
     ]

@@ -23,10 +23,11 @@ import sys
 from pyvmm.common import stopping
 from pyvmm.common.errors import UsageError
 
-SUBCOMMANDS = ("serve", "run")
+SUBCOMMANDS = ("serve", "run", "snapshot")
 USAGE = """\
 usage: pyvmm serve --api-sock PATH [LIMITS]
        pyvmm run --api-sock PATH [OPTIONS] [--] KERNEL [ARGS...]
+       pyvmm snapshot --api-sock PATH [--stop] ID DIR
 
 serve: a warm launcher: imports pyvmm once, then starts each VM as a child
   process on request over the Unix socket PATH (HTTP/JSON, docs/serve.md;
@@ -41,6 +42,11 @@ serve: a warm launcher: imports pyvmm once, then starts each VM as a child
 run: the pyvmm command through that launcher: the same OPTIONS, console
   and exit status, the VM started by the launcher (which must be root's or
   this user's: nothing is sent to another's).
+snapshot: a snapshot of that launcher's running VM ID written to the new
+  directory DIR (owner-only, never an existing one; docs/snapshots.md); the
+  guest runs on, or with --stop its VM ends (status 0) once it is written.
+  POST /vms {"restore": DIR} on the launcher, or pyvmm --restore=DIR,
+  resumes it.
 """
 
 
@@ -83,8 +89,13 @@ def _subcommand(argv: list[str]) -> int:
         from pyvmm.serve.server import serve
 
         return serve(path, limits)
-    from pyvmm.serve.client import ClientError, run
+    from pyvmm.serve.client import ClientError, run, snapshot
 
+    if name == "snapshot":
+        try:
+            return snapshot(path, rest)
+        except ClientError as err:
+            raise UsageError(str(err)) from None
     if not rest:
         raise UsageError("Missing KERNEL operand (see pyvmm --help)")
     try:

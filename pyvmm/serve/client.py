@@ -151,3 +151,33 @@ def run(path: str, argv: list[str]) -> int:
         exit_status = answer.get("exit_status") if isinstance(answer, dict) else None
         return exit_status if isinstance(exit_status, int) and exit_status else 1
     return int(answer["exit_status"])
+
+
+SNAPSHOT_USAGE = "snapshot --api-sock PATH [--stop] ID DIR"
+
+
+def snapshot(path: str, args: list[str]) -> int:
+    """``pyvmm snapshot``: POST /vms/ID/snapshot, DIR taken from this
+    process's directory; the snapshot's one line on stdout, status 0."""
+    stop = "--stop" in args
+    operands = [a for a in args if a != "--stop"]
+    options = [a for a in operands if a.startswith("-")]
+    if options:
+        raise ClientError(
+            f"snapshot: Invalid option: `{options[0]}' (usage: pyvmm {SNAPSHOT_USAGE})"
+        )
+    if len(operands) != 2 or args.count("--stop") > 1:
+        raise ClientError(
+            f"snapshot: needs a VM's ID and a new DIR (usage: pyvmm {SNAPSHOT_USAGE})"
+        )
+    vm_id, directory = operands
+    body = {"dir": os.path.abspath(directory), "stop": stop}
+    status, answer = call(path, "POST", f"{API}/vms/{vm_id}/snapshot", body)
+    if status != 200 or not isinstance(answer, dict):
+        raise ClientError(_error_line(status, answer).removeprefix("pyvmm: "))
+    then = "the VM ends" if stop else "the guest runs on"
+    sys.stdout.write(
+        f"pyvmm: snapshot of VM {vm_id} written to {answer['dir']} ({answer['pages']} pages of "
+        f"memory, {answer['ms']} ms); {then}\n"
+    )
+    return 0
