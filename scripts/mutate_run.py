@@ -200,6 +200,10 @@ def run_tests(
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         return KILLED, f"timeout ({timeout:.0f} s)"
+    except BaseException:  # interrupted or stopped: the tests' processes go too
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
     if proc.returncode == 0:
         return SURVIVED, ""
     failed = re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", out, re.M)
@@ -404,6 +408,18 @@ def build_cost(path: str, costs: dict[str, float]) -> float:
     return 2 * costs.get("guests" if path.startswith("guests/") else "native", 0.0)
 
 
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP end a run like Ctrl-C: through its finally
+    blocks, so the mutated file, the tests' processes and the scratch copy
+    are cleaned up (a default SIGTERM would leave them)."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, stop)
+
+
 def execute(
     files: list[str],
     budget: float,
@@ -420,6 +436,7 @@ def execute(
     import tempfile
 
     start = time.monotonic()
+    stop_on_signals()
     mapping = load_map()
     equivalents = load_equivalents()
     scratch = Path(tempfile.mkdtemp(prefix="pyvmm-mutate-"))
