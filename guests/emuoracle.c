@@ -257,6 +257,13 @@ BODY(lgdt_ss_prefix_rsp_disp,
      "  subq $32, %rsp\n  movq " GDTR(17) "(%rip), %rax\n  movq %rax, 8(%rsp)\n"
      "  movw " GDTR(17) "+8(%rip), %ax\n  movw %ax, 16(%rsp)\n"
      "  .byte 0x36\n  lgdt 8(%rsp)\n  addq $32, %rsp\n" LTR_PROBE BUSY(17));
+/* A REX prefix counts only right before the opcode (a legacy prefix after
+ * it cancels it), and of two the last. */
+BODY(lgdt_rex_before_prefix, "  leaq " GDTR(18) "(%rip), %rbx\n  .byte 0x41, 0x66, 0x0f, 0x01, 0x13\n"
+     LTR_PROBE BUSY(18));
+BODY(lgdt_addr32_sib,
+     "  leaq gdtrs(%rip), %rbx\n  movl $95, %ecx\n  movabsq $0x4400000000000000, %rax\n"
+     "  orq %rax, %rcx\n  lgdt (%ebx,%ecx,2)\n" LTR_PROBE BUSY(19));
 /* Back to the main GDT for what follows. */
 BODY(lgdt_main, "  lgdt gdtrs(%rip)\n");
 
@@ -289,6 +296,8 @@ BODY(mov_es_mem, "  leaq selector_word(%rip), %rbx\n  movw (%rbx), %es\n  movl %
 BODY(mov_ds_opsize, "  movl $0x10, %eax\n  .byte 0x66, 0x8e, 0xd8\n  movl %ds, %ecx\n");
 BODY(mov_ss_reg, "  movl $0x10, %r10d\n  movl %r10d, %ss\n  movq %rsp, %rdx\n");
 BODY(mov_ss_rsp_mem, "  pushq $0x10\n  movw (%rsp), %ss\n  popq %rax\n");
+BODY(mov_ss_fs_mem, WRMSR(0xc0000100, 0x100)
+     "  leaq selector_word-0x100(%rip), %rbx\n  movw %fs:(%rbx), %ss\n");
 BODY(mov_fs_base,
      WRMSR(0xc0000100, 0x5000)
      "  movl $0x10, %eax\n  movl %eax, %fs\n" RDMSR(0xc0000100));
@@ -340,6 +349,9 @@ BODY(mov_from_cr4, "  movq %cr4, %rdx\n");
 BODY(mov_from_cr8, "  .byte 0x44, 0x0f, 0x20, 0xc1\n");   /* mov %cr8, %rcx */
 BODY(mov_from_cr0_mod0, "  .byte 0x0f, 0x20, 0x00\n");    /* mod ignored: rax */
 BODY(mov_from_cr0_opsize, "  .byte 0x66, 0x0f, 0x20, 0xc6\n"); /* mov %cr0, %rsi */
+BODY(mov_from_cr0_rex_before_prefix, "  .byte 0x41, 0x66, 0x0f, 0x20, 0xc0\n"); /* rax */
+BODY(mov_from_cr0_two_rex, "  .byte 0x48, 0x41, 0x0f, 0x20, 0xc0\n");   /* r8 */
+BODY(mov_from_cr4_r15, "  movq %cr4, %r15\n");
 BODY(mov_from_cr3_rsp,
      "  movq %rsp, %rbx\n  movq %cr3, %rsp\n  movq %rsp, %rdi\n  movq %rbx, %rsp\n");
 BODY(mov_from_cr2_after_pf,
@@ -385,6 +397,7 @@ BODY(int_n_other_vector, "  int $0x2f\n");
 BODY(pf_read_zero_page, "  movq 0x18, %rax\n");
 BODY(pf_write_zero_page, "  movq %rax, 0x30\n");
 BODY(pf_write_read_only, "  movq %rax, read_only_word(%rip)\n");
+BODY(pf_fetch_no_execute, "  leaq probe_block(%rip), %rax\n  call *%rax\n");
 BODY(gp_noncanonical, "  movabsq $0x8000000000000000, %rax\n  movq (%rax), %rax\n");
 BODY(de_divide, "  xorl %ecx, %ecx\n  movl $1, %eax\n  xorl %edx, %edx\n  divl %ecx\n");
 
@@ -405,17 +418,19 @@ static const struct oracle_case cases[] = {
     CASE(lgdt_sib), CASE(lgdt_sib_nobase), CASE(lgdt_rsp), CASE(lgdt_r13),
     CASE(lgdt_r12_index), CASE(lgdt_addr32), CASE(lgdt_fs), CASE(lgdt_gs),
     CASE(lgdt_opsize), CASE(lgdt_rexw), CASE(lgdt_rip_rexb), CASE(lgdt_cs_prefix),
-    CASE(lgdt_ss_prefix_rsp_disp), CASE(lgdt_main),
+    CASE(lgdt_ss_prefix_rsp_disp), CASE(lgdt_rex_before_prefix), CASE(lgdt_addr32_sib),
+    CASE(lgdt_main),
     CASE(lidt_base), CASE(lidt_rip), CASE(lidt_sib), CASE(lidt_rsp), CASE(lidt_gs),
     CASE(lidt_addr32), CASE(lidt_rexw), CASE(lidt_a),
     CASE(mov_ds_reg), CASE(mov_es_mem), CASE(mov_ds_opsize), CASE(mov_ss_reg),
-    CASE(mov_ss_rsp_mem), CASE(mov_fs_base), CASE(mov_gs_base),
+    CASE(mov_ss_rsp_mem), CASE(mov_ss_fs_mem), CASE(mov_fs_base), CASE(mov_gs_base),
     CASE(lretq), CASE(lretq_imm), CASE(lretl), CASE(lretl_imm),
     CASE(lretq_high_selector_bits),
     CASE(iretq_if_on), CASE(iretq_if_off), CASE(iretq_other_stack), CASE(iretq_ac_id),
     CASE(iretq_iopl3), CASE(iretl),
     CASE(mov_from_cr0), CASE(mov_from_cr3_r9), CASE(mov_from_cr4), CASE(mov_from_cr8),
-    CASE(mov_from_cr0_mod0), CASE(mov_from_cr0_opsize), CASE(mov_from_cr3_rsp),
+    CASE(mov_from_cr0_mod0), CASE(mov_from_cr0_opsize), CASE(mov_from_cr0_rex_before_prefix),
+    CASE(mov_from_cr0_two_rex), CASE(mov_from_cr4_r15), CASE(mov_from_cr3_rsp),
     CASE(mov_from_cr2_after_pf),
     CASE(wrmsr_fs_base), CASE(rdmsr_fs_base), CASE(wrmsr_gs_base_high),
     CASE(wrmsr_kernel_gs_base), CASE(wrmsr_fs_noncanonical),
@@ -423,7 +438,7 @@ static const struct oracle_case cases[] = {
     CASE(wrmsr_kernel_gs_noncanonical_high),
     CASE(swapgs),
     CASE(invlpg_base), CASE(invlpg_sib), CASE(invlpg_rip), CASE(wbinvd), CASE(invd),
-    CASE(pf_read_zero_page), CASE(pf_write_zero_page), CASE(pf_write_read_only),
+    CASE(pf_read_zero_page), CASE(pf_write_zero_page), CASE(pf_write_read_only), CASE(pf_fetch_no_execute),
     CASE(gp_noncanonical), CASE(de_divide),
 };
 /* Cases KVM cannot execute at CPL 0 here (int3, int n: an internal error

@@ -170,21 +170,20 @@ def decode(code: bytes) -> Instruction:
     while True:
         need(i + 1)
         byte = code[i]
+        if 0x40 <= byte <= 0x4F:
+            rex = byte  # of several, the last counts
+            i += 1
+            continue
         if byte in _SEGMENT_PREFIXES:
             segment = _SEGMENT_PREFIXES[byte]
         elif byte == 0x66:
             opsize16 = True
         elif byte == 0x67:
             addr32 = True
-        elif byte in _OTHER_PREFIXES:
-            pass
-        else:
+        elif byte not in _OTHER_PREFIXES:
             break
+        rex = 0  # a REX counts only right before the opcode
         i += 1
-    if 0x40 <= code[i] <= 0x4F:  # REX: only right before the opcode
-        rex = code[i]
-        i += 1
-        need(i + 1)
     rex_w, rex_r, rex_x, rex_b = (rex >> 3) & 1, (rex >> 2) & 1, (rex >> 1) & 1, rex & 1
     opcode = code[i]
     i += 1
