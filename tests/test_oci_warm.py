@@ -1,0 +1,310 @@
+"""pyvmm-oci's warm path under the real containerd (docs/orchestration.md).
+
+A ``pyvmm serve`` runs for this module; ``ctr run --annotation
+org.pyvmm.launcher=SOCK`` makes the native front end's create ask it for
+the container's VM instead of starting pyvmm cold. Each containerd test
+checks that the launcher did run the VM (one new ``oci-`` VM in its list,
+with the container's status), so a silent fall-back to the cold path
+fails. The create/start split and the fall-back's log line are checked
+with the runtime called directly, in a child subreaper as the shim is.
+Everything made (containers, cgroups, state, VMs' processes) is checked
+gone; the launcher is stopped at the end and must stop cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_oci import _cgroup_dirs, _cgroups_of, native_runtime, ref
+from test_oci import containerd as _containerd  # noqa: F401 (test_oci's fixture)
+
+from conftest import guest
+from pyvmm.oci.cgroups import DEFAULT_ROOT, is_v2
+from pyvmm.serve.client import call
+from testkit.containerd import CTR_TIMEOUT, pids_mentioning
+
+pytestmark = pytest.mark.kvm
+
+ROOT = Path(__file__).resolve().parent.parent
+ANNOTATION = "org.pyvmm.launcher"
+
+
+@pytest.fixture(scope="module")
+def containerd(request):
+    """test_oci.py's private containerd, its images imported."""
+    return request.getfixturevalue("_containerd")
+
+
+class Launcher:
+    def __init__(self, tmp: Path) -> None:
+        self.path = str(tmp / "api.sock")
+        self.log = tmp / "launcher.err"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pyvmm", "serve", "--api-sock", self.path],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.log, "w"),  # noqa: SIM115
+            cwd=ROOT,
+        )
+        deadline = time.monotonic() + 30
+        while not os.path.exists(self.path):
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()
+            time.sleep(0.05)
+
+    def vms(self) -> dict[str, dict]:
+        status, answer = call(self.path, "GET", "/v1/vms")
+        assert status == 200, answer
+        return {vm["id"]: vm for vm in answer["vms"] if vm["id"].startswith("oci-")}
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def launcher(tmp_path_factory):
+    server = Launcher(tmp_path_factory.mktemp("warm"))
+    try:
+        yield server
+    finally:
+        status = server.stop()
+    assert status == 128 + signal.SIGTERM, server.log.read_text()
+    assert "Traceback" not in server.log.read_text()
+
+
+def warm(launcher: Launcher) -> tuple[str, ...]:
+    return ("--annotation", f"{ANNOTATION}={launcher.path}")
+
+
+def the_new_vm(launcher: Launcher, before: dict[str, dict]) -> dict:
+    """The one VM the launcher ran for the container: the warm path was taken."""
+    new = [vm for vm_id, vm in launcher.vms().items() if vm_id not in before]
+    assert len(new) == 1, new
+    return new[0]
+
+
+def test_hello_runs_warm_prints_its_output_and_exits_0(containerd, launcher):
+    before = launcher.vms()
+    done = containerd.run(ref("hello"), "warm1", options=warm(launcher))
+    assert done.returncode == 0, done.stderr
+    assert "Hello, world" in done.stdout and done.stdout.rstrip().endswith("SUCCESS")
+    vm = the_new_vm(launcher, before)
+    assert vm["state"] == "exited" and vm["exit_status"] == 0, vm
+    assert containerd.containers() == []
+    assert _cgroup_dirs("/default/warm1") == []
+
+
+def test_the_guest_s_exit_status_comes_through_the_relay(containerd, launcher):
+    before = launcher.vms()
+    done = containerd.run(ref("args"), "warm2", "7", "foo", options=warm(launcher))
+    assert done.returncode == 7, done.stderr
+    assert "cmdline: 7 foo" in done.stdout
+    assert the_new_vm(launcher, before)["exit_status"] == 7
+    assert containerd.containers() == []
+
+
+def _cpu_ns(path: str) -> int:
+    with open(os.path.join(DEFAULT_ROOT, "cpuacct", path.lstrip("/"), "cpuacct.usage")) as f:
+        return int(f.read())
+
+
+@pytest.mark.skipif(is_v2(), reason="the host's cgroups are v2 (the v2 layout: unit tests)")
+def test_a_spinning_guest_sits_in_the_container_s_cgroup_under_its_limit_and_ctr_kill_ends_it(
+    containerd, launcher
+):
+    """The VM's process (the launcher's child) and every thread of it, and
+    the relay the shim reaps, are in the container's cgroup in every
+    controller; --cpus 0.25 holds; ctr task kill reaches the guest
+    through the relay (143); nothing stays."""
+    before = launcher.vms()
+    proc = subprocess.Popen(
+        containerd.run_argv(ref("spin"), "warm3", options=(*warm(launcher), "--cpus", "0.25")),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline()  # the guest's first line: it runs
+        vm = the_new_vm(launcher, before)
+        deadline = time.monotonic() + 10  # (its "running" is told a moment after its start)
+        while launcher.vms()[vm["id"]]["state"] != "running":
+            assert time.monotonic() < deadline, launcher.vms()[vm["id"]]
+            time.sleep(0.05)
+        tasks = containerd.ctr("task", "ls").stdout
+        relay = int(tasks.split("warm3", 1)[1].split()[0])
+        assert relay != vm["pid"]
+        for pid in (vm["pid"], relay):
+            threads = _cgroups_of(pid)
+            assert len(threads) >= (2 if pid == vm["pid"] else 1)
+            for tid, groups in threads.items():
+                for controller in ("cpu", "cpuacct", "cpuset", "memory", "pids"):
+                    assert groups[controller] == "/default/warm3", (pid, tid, groups)
+        used0, t0 = _cpu_ns("/default/warm3"), time.monotonic()
+        time.sleep(2.0)
+        used = (_cpu_ns("/default/warm3") - used0) / ((time.monotonic() - t0) * 1e9)
+        assert used <= 0.30, f"{used:.3f} of a core under --cpus 0.25"
+        containerd.ctr("task", "kill", "warm3")
+        _, err = proc.communicate(timeout=CTR_TIMEOUT)
+        assert proc.returncode == 128 + signal.SIGTERM, err
+    finally:
+        if proc.poll() is None:
+            containerd.ctr("task", "kill", "-s", "SIGKILL", "warm3", check=False)
+            proc.communicate(timeout=CTR_TIMEOUT)
+    ended = launcher.vms()[vm["id"]]
+    assert ended["exit_status"] == 128 + signal.SIGTERM and "signal" not in ended, ended
+    assert containerd.containers() == []
+    assert _cgroup_dirs("/default/warm3") == []
+
+
+def test_a_launcher_that_is_not_running_falls_back_to_the_cold_path(containerd, launcher, tmp_path):
+    before = launcher.vms()
+    gone = ("--annotation", f"{ANNOTATION}={tmp_path / 'no-launcher.sock'}")
+    done = containerd.run(ref("hello"), "warm4", options=gone)
+    assert done.returncode == 0, done.stderr
+    assert "Hello, world" in done.stdout
+    assert launcher.vms() == before  # the cold path's pyvmm ran it
+    assert containerd.containers() == []
+
+
+# -- the runtime on its own, in a child subreaper as the shim is ----------------
+
+# argv[1]: the pyvmm-oci command prefix (JSON), argv[2]: the id, argv[3]: the
+# bundle, argv[4]: the socket. Prints one JSON line of what it saw.
+SPLIT = r"""
+import ctypes, json, os, subprocess, sys, time
+ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+from pyvmm.serve.client import call
+oci, cid, bundle, sock = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+root = oci[oci.index("--root") + 1]
+pidfile, console = os.path.join(bundle, "init.pid"), os.path.join(bundle, "console")
+seen = {}
+def run(*args):
+    done = subprocess.run(oci + list(args), capture_output=True, text=True, timeout=60)
+    return done.returncode, done.stdout, done.stderr
+def cgroups(pid):
+    paths = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/cgroup") as f:
+            for _, names, path in (line.rstrip().split(":", 2) for line in f):
+                if set(names.split(",")) & {"cpu", "cpuacct", "cpuset", "memory", "pids"}:
+                    paths.add(path)
+    return sorted(paths)
+with open(console, "w+") as out, open(os.path.join(bundle, "create.err"), "w+") as err:
+    seen["create"] = subprocess.run(
+        oci + ["create", "--bundle", bundle, "--pid-file", pidfile, cid],
+        stdin=subprocess.DEVNULL, stdout=out, stderr=err, timeout=60).returncode
+    err.seek(0)
+    seen["create_err"] = err.read()
+relay = int(open(pidfile).read())
+with open(os.path.join(root, cid, "state.json")) as f:
+    vm = json.load(f).get("warm")
+seen["warm"] = vm is not None
+if vm is not None:
+    time.sleep(1.0)  # time enough for a guest that was let go too early to print
+    seen["vm_before_start"] = call(sock, "GET", f"/v1/vms/{vm['vm']}")[1]["state"]
+    seen["output_before_start"] = open(console).read()
+    seen["cgroups"] = {"vm": cgroups(vm["pid"]), "relay": cgroups(relay)}
+seen["state_before_start"] = json.loads(run("state", cid)[1])["status"]
+seen["start"] = run("start", cid)[0]
+seen["exit"] = os.waitstatus_to_exitcode(os.waitpid(relay, 0)[1])
+seen["output"] = open(console).read()
+if vm is not None:
+    seen["vm_after"] = call(sock, "GET", f"/v1/vms/{vm['vm']}")[1]["exit_status"]
+seen["delete"] = run("delete", cid)[0]
+print(json.dumps(seen))
+"""
+
+
+def _split(tmp_path: Path, cid: str, sock: str, log: Path) -> dict:
+    bundle = tmp_path / "bundle"
+    (bundle / "rootfs" / "unikernel").mkdir(parents=True)
+    shutil.copy(guest("hello"), bundle / "rootfs" / "unikernel" / "hello.hvt")
+    config = {
+        "ociVersion": "1.0.2",
+        "process": {"args": ["/unikernel/hello.hvt"]},
+        "root": {"path": "rootfs"},
+        "annotations": {ANNOTATION: sock},
+        "linux": {"cgroupsPath": f"/pyvmm-warm-test/{cid}"},
+    }
+    (bundle / "config.json").write_text(json.dumps(config))
+    root = tmp_path / "root"
+    oci = [native_runtime(), "--root", str(root), "--log", str(log), "--log-format", "json"]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", SPLIT, json.dumps(oci), cid, str(bundle), sock],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+        assert done.returncode == 0, done.stderr
+        seen = json.loads(done.stdout)
+    finally:
+        for pid in pids_mentioning(str(bundle)):
+            os.kill(pid, signal.SIGKILL)
+    assert os.listdir(root) == []  # delete left no state
+    assert _cgroup_dirs(f"/pyvmm-warm-test/{cid}") == _cgroup_dirs("/pyvmm-warm-test") == []
+    return seen
+
+
+@pytest.mark.skipif(is_v2(), reason="the host's cgroups are v2 (the v2 layout: unit tests)")
+def test_the_guest_does_not_start_before_start(launcher, tmp_path):
+    """create returns with the VM prepared and held: a second later the
+    launcher still says "ready" and the console is empty, while the VM's
+    threads and the relay sit in the container's cgroup; start lets it
+    run, and the relay exits with its status."""
+    log = tmp_path / "log.json"
+    seen = _split(tmp_path, "split1", launcher.path, log)
+    cgroup = "/pyvmm-warm-test/split1"
+    assert seen.pop("output").endswith("SUCCESS\n")
+    assert seen == {
+        "create": 0,
+        "create_err": "",
+        "warm": True,
+        "vm_before_start": "ready",
+        "output_before_start": "",
+        "cgroups": {"vm": [cgroup], "relay": [cgroup]},
+        "state_before_start": "created",
+        "start": 0,
+        "exit": 0,
+        "vm_after": 0,
+        "delete": 0,
+    }
+    assert not log.exists() or log.read_text() == ""  # nothing to say
+
+
+def test_a_killed_launcher_s_socket_gets_the_cold_path_and_a_line_in_the_log(tmp_path):
+    """A launcher killed with SIGKILL leaves its socket, where nobody
+    listens now: create says so in the shim's log, in one line, and the
+    container runs cold, the same as ever."""
+    stale = Launcher(tmp_path)
+    stale.proc.kill()
+    stale.proc.wait()
+    assert os.path.exists(stale.path)
+    log = tmp_path / "log.json"
+    seen = _split(tmp_path, "split2", stale.path, log)
+    assert seen.pop("output").endswith("SUCCESS\n")
+    assert seen == {
+        "create": 0,
+        "create_err": "",
+        "warm": False,
+        "state_before_start": "created",
+        "start": 0,
+        "exit": 0,
+        "delete": 0,
+    }
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(line["level"], line["msg"]) for line in lines] == [
+        (
+            "warning",
+            f"the warm launcher {stale.path}: cannot connect: Connection refused: a cold start",
+        )
+    ]
