@@ -70,6 +70,25 @@ def test_page_zero_fault_core_shows_the_faulting_function(tmp_path, mode, sandbo
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_core_holds_the_sse_and_x87_registers(tmp_path, mode):
+    """NT_PRFPREG: gdbtarget faults with known patterns in xmm0/xmm1; gdb
+    reads them from the core (`p $xmm0`) and the x87 state (`info float`)."""
+    result = run_pyvmm(mode, f"--dumpcore={tmp_path}", "--", guest("gdbtarget"), "fault")
+    assert result.returncode == 1, result.stderr
+    core = core_of(result, tmp_path)
+    commands = ["p/x $xmm0.v4_int32", "p/x $xmm1.v2_int64", "info float"]
+    argv = [gdb(), "-nx", "-batch", *(a for c in commands for a in ("-ex", c))]
+    shown = subprocess.run(
+        [*argv, str(guest("gdbtarget")), str(core)], capture_output=True, text=True, timeout=120
+    ).stdout
+    assert "$1 = {0x11223344, 0x55667788, 0x99aabbcc, 0xddeeff00}" in shown, shown
+    assert "$2 = {0x506070801020304, 0xd0e0f10090a0b0c}" in shown, shown
+    assert re.search(r"^=>R0: Empty +0x0{20}$", shown, re.M), shown
+    assert re.search(r"^Tag Word: +0xffff$", shown, re.M), shown
+    assert re.search(r"^Control Word: +0x037f", shown, re.M), shown
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_write_to_text_and_execute_data_cores(tmp_path, mode):
     wtext = tmp_path / "wtext"
     xdata = tmp_path / "xdata"
@@ -117,6 +136,10 @@ def test_core_is_elf_with_a_prstatus_note_and_memory_as_load(tmp_path):
     note_off = headers[0][2]
     namesz, descsz, ntype = struct.unpack_from("<III", core, note_off)
     assert (ntype, descsz, core[note_off + 12 : note_off + 16]) == (1, 336, b"CORE")
+    fp_off = note_off + 12 + namesz + descsz
+    namesz, descsz, ntype = struct.unpack_from("<III", core, fp_off)
+    assert (ntype, descsz, core[fp_off + 12 : fp_off + 16]) == (2, 512, b"CORE")  # NT_PRFPREG
+    assert struct.unpack_from("<i", core, note_off + 12 + 8 + 328)[0] == 1  # pr_fpvalid
     load = headers[1]
     assert (load[3], load[5], load[6]) == (0, 8 << 20, 8 << 20)  # vaddr 0, all of memory
     assert len(core) == load[2] + load[5]

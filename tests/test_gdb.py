@@ -138,6 +138,37 @@ def test_a_register_written_in_gdb_is_the_guests(session, mode):
     assert status == 1, stderr
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_sse_and_x87_registers_are_the_guests_and_a_written_xmm_reaches_it(session, mode):
+    """gdbtarget loads known patterns into xmm0/xmm1 and stops in
+    sse_mark(): gdb reads them (KVM_GET_FPU) and its write to xmm1
+    (KVM_SET_FPU) is what the guest then stores and prints; the x87 state
+    is the reset one, and st0 written reads back."""
+    s = session(guest("gdbtarget"), mode)
+    out = s.gdb(
+        "break sse_mark",
+        "continue",
+        "p/x $xmm0.v4_int32",
+        "info registers xmm1",
+        "info registers fctrl fstat ftag mxcsr",
+        "set var $st0 = 2.5",
+        "p $st0",
+        "set var $xmm1.v4_int32 = {0xcafe, 0xbeef, 0x1234, 0x5678}",
+        "continue",
+    )
+    stdout, stderr, status = s.finish()
+    assert "Breakpoint 1, sse_mark () at gdbtarget.c" in out, out
+    assert "$1 = {0x11223344, 0x55667788, 0x99aabbcc, 0xddeeff00}" in out, out
+    xmm1 = r"^xmm1 .*v4_int32 = \{0x1020304, 0x5060708, 0x90a0b0c, 0xd0e0f10\}"
+    assert re.search(xmm1, out, re.M), out
+    assert re.search(r"^fctrl +0x37f", out, re.M), out  # FNINIT's state
+    assert re.search(r"^fstat +0x0", out, re.M), out
+    assert re.search(r"^ftag +0xffff", out, re.M), out  # every register empty
+    assert "$2 = 2.5" in out, out
+    assert "gdbtarget: xmm1 cafe beef 1234 5678" in stdout, stdout + stderr
+    assert status == 1, stderr
+
+
 def test_hardware_breakpoint_at_level_0(session):
     s = session(guest("gdbtarget"), "--cpl=0")
     out = s.gdb("hbreak twice", "continue", "bt 1", "continue")

@@ -3,8 +3,9 @@
 The file is what solo5-hvt-debug writes, so the same tools read it
 (``gdb guest.hvt core``): an ET_CORE ELF with one PT_NOTE holding an
 NT_PRSTATUS note (the vCPU's registers, in Linux's ``elf_prstatus``
-layout) and guest memory as a PT_LOAD at its guest-physical address,
-which is the guest's virtual address too (the guest's page tables map
+layout for x86_64 or aarch64) and an NT_PRFPREG note (the x87/SSE or
+FP/SIMD registers, as Linux writes them), and guest memory as a PT_LOAD
+at its guest-physical address, which is the guest's virtual address too (the guest's page tables map
 memory one to one). Pages that hold only zeros are left as holes, so a
 4 GiB guest makes a sparse file of the size of what it touched. The
 name is ``core.solo5-hvt.PID``, said on stderr.
@@ -34,6 +35,7 @@ from pyvmm.loader.elf import (
     ELF_MAGIC,
     ELFCLASS64,
     ELFDATA2LSB,
+    EM_AARCH64,
     EM_X86_64,
     ET_CORE,
     EV_CURRENT,
@@ -45,7 +47,7 @@ from pyvmm.loader.elf import (
     PT_LOAD,
     PT_NOTE,
 )
-from pyvmm.vm.debug.regs import USER_REGS, guest_registers
+from pyvmm.vm.debug.regs import USER_REGS, fp_note, guest_registers
 
 if TYPE_CHECKING:
     from pyvmm.kvm import Vcpu
@@ -54,14 +56,35 @@ if TYPE_CHECKING:
 CORE_PREFIX = "core.solo5-hvt."
 
 # <elf.h>, beyond what the loader reads (pyvmm/loader/elf.py).
-_NT_PRSTATUS = 1
+_NT_PRSTATUS, _NT_PRFPREG = 1, 2
 _ELFOSABI_STANDALONE = 255
 _NOTE_NAME = b"CORE\0\0\0\0"  # a multiple of the word size, as Solo5 writes it
 
-# Linux's x86_64 struct elf_prstatus: pr_info (3 ints), pr_cursig, the
-# signal sets, four pids, four timevals, then user_regs_struct and
-# pr_fpvalid; 336 bytes.
+# Linux's struct elf_prstatus: pr_info (3 ints), pr_cursig, the signal
+# sets, four pids, four timevals, then the registers (x86_64:
+# user_regs_struct, 336 bytes in all; aarch64: user_pt_regs, 392) and
+# pr_fpvalid, padded to 8.
 _PRSTATUS_HEAD = struct.Struct("<iiih2xQQiiii64x")
+_FPVALID = struct.Struct("<i4x")
+
+
+class CoreArch:
+    """What differs in a core between architectures: e_machine and the
+    register set's names in NT_PRSTATUS order."""
+
+    def __init__(self, machine: int, registers: tuple[str, ...]) -> None:
+        self.machine, self.registers = machine, registers
+
+
+def core_arch(machine: str) -> CoreArch | None:
+    if machine == "x86_64":
+        return CoreArch(EM_X86_64, tuple(USER_REGS))
+    if machine == "aarch64":
+        from pyvmm.arch.aarch64.guestregs import USER_REGS as AARCH64_REGS
+
+        return CoreArch(EM_AARCH64, AARCH64_REGS)
+    return None
+
 
 SIGABRT, SIGSEGV = 6, 11
 
@@ -76,11 +99,14 @@ _ZERO_PAGE = bytes(PAGE_SIZE)
 _MEMORY_OFFSET = PAGE_SIZE  # headers and note fit in the first page
 
 
-def prstatus(regs: dict[str, int], *, signal: int, pid: int) -> bytes:
-    """An x86_64 NT_PRSTATUS descriptor for ``regs`` (user_regs_struct names)."""
+def prstatus(
+    regs: dict[str, int], *, signal: int, pid: int, names=tuple(USER_REGS), fpvalid: bool = False
+) -> bytes:
+    """An NT_PRSTATUS descriptor for ``regs`` (``names``: the register
+    set's order; x86_64's user_regs_struct by default)."""
     head = _PRSTATUS_HEAD.pack(signal, 0, 0, signal, 0, 0, pid, 0, 0, 0)
-    values = struct.pack(f"<{len(USER_REGS)}Q", *(regs.get(n, 0) for n in USER_REGS))
-    return head + values + bytes(8)
+    values = struct.pack(f"<{len(names)}Q", *(regs.get(n, 0) for n in names))
+    return head + values + _FPVALID.pack(int(fpvalid))
 
 
 def trap_registers(memory: GuestMemory, cookie: int) -> dict[str, int]:
@@ -94,16 +120,21 @@ def trap_registers(memory: GuestMemory, cookie: int) -> dict[str, int]:
     return {name: fields[name] for name in ("rip", "cs", "eflags", "rsp", "ss")}
 
 
-def headers(mem_size: int, note: bytes) -> bytes:
-    """The ELF header, PT_NOTE and PT_LOAD headers and the note, which the
-    guest's memory follows at ``_MEMORY_OFFSET``."""
+def _note(kind: int, desc: bytes) -> bytes:
+    return NHDR.pack(len(_NOTE_NAME), len(desc), kind) + _NOTE_NAME + desc + bytes(-len(desc) % 4)
+
+
+def headers(mem_size: int, note: bytes, fp: bytes | None = None, machine: int = EM_X86_64) -> bytes:
+    """The ELF header, PT_NOTE and PT_LOAD headers and the notes
+    (NT_PRSTATUS ``note``, NT_PRFPREG ``fp``), which the guest's memory
+    follows at ``_MEMORY_OFFSET``."""
     ident = ELF_MAGIC + bytes([ELFCLASS64, ELFDATA2LSB, EV_CURRENT, _ELFOSABI_STANDALONE])
     ident += bytes(8)  # e_ident's padding, to its 16 bytes
     phoff = EHDR.size
     note_off = phoff + 2 * PHDR.size
-    desc = NHDR.pack(len(_NOTE_NAME), len(note), _NT_PRSTATUS) + _NOTE_NAME + note
+    desc = _note(_NT_PRSTATUS, note) + (_note(_NT_PRFPREG, fp) if fp is not None else b"")
     ehdr = EHDR.pack(
-        ident, ET_CORE, EM_X86_64, EV_CURRENT, 0, phoff, 0, 0, EHDR.size, PHDR.size, 2, 0, 0, 0
+        ident, ET_CORE, machine, EV_CURRENT, 0, phoff, 0, 0, EHDR.size, PHDR.size, 2, 0, 0, 0
     )
     pnote = PHDR.pack(PT_NOTE, 0, note_off, 0, 0, len(desc), len(desc), 0)
     rwx = PF_R | PF_W | PF_X
@@ -153,8 +184,10 @@ class CoreDir:
     sandboxed, the helper that will name it."""
 
     def __init__(self, path: str, machine: str) -> None:
-        if machine != "x86_64":
-            raise HostError(f"--dumpcore: not implemented for {machine} guests yet")
+        arch = core_arch(machine)
+        if arch is None:
+            raise HostError(f"--dumpcore: not implemented for {machine} guests")
+        self.arch = arch
         self.path = path
         self.dir_fd = self.file_fd = self._to_helper = self._from_helper = -1
         try:
@@ -220,19 +253,24 @@ class CoreDir:
                 (cookie,) = struct.unpack("<Q", memory.read(halt_gpa, 8, what="halt hypercall"))
             except GuestFault:
                 cookie = 0
-            if cookie:
+            if cookie and self.arch.machine == EM_X86_64:  # Solo5's x86 trap frame
                 regs |= trap_registers(memory, cookie)
-        self.dump(memory, regs, signal=signal)
+        self.dump(memory, regs, signal=signal, fp=fp_note(vcpu, regs))
 
-    def dump(self, memory: GuestMemory, regs: dict[str, int], *, signal: int) -> None:
+    def dump(
+        self, memory: GuestMemory, regs: dict[str, int], *, signal: int, fp: bytes | None = None
+    ) -> None:
         """Write the core and name it; say where (or why not) on stderr.
         Never raises: the run ends with its own status either way."""
         where = os.path.join(self.path, self.name())
         try:
             if self.file_fd < 0:
                 raise OSError(0, "the core file was not prepared")
-            note = prstatus(regs, signal=signal, pid=os.getpid())
-            _pwrite_all(self.file_fd, headers(memory.size, note), 0)
+            arch = self.arch
+            note = prstatus(
+                regs, signal=signal, pid=os.getpid(), names=arch.registers, fpvalid=fp is not None
+            )
+            _pwrite_all(self.file_fd, headers(memory.size, note, fp, arch.machine), 0)
             pages = write_memory(self.file_fd, memory)
             self._link()
         except (OSError, ValueError) as err:

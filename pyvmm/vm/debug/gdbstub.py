@@ -16,7 +16,11 @@ How each mode breaks and steps (docs/debugging.md, docs/pvm.md):
   (pyvmm/arch/x86_64/traps.py), which hand them to ``trap_stop`` here
   instead of the guest: rflags.TF in the trap frame for a single step,
   ``int3`` written over the guest's text for a breakpoint;
-- user mode at level 3: neither (no IDT of pyvmm's there), so refused.
+- user mode at level 3: neither (no IDT of pyvmm's there), so refused;
+- aarch64: KVM_SET_GUEST_DEBUG with arm64's debug registers
+  (pyvmm/arch/aarch64/debug.py): ``brk #0`` written over the guest's text
+  for Z0 (KVM_GUESTDBG_USE_SW_BP), hardware breakpoints for Z1 where KVM
+  offers them, KVM_GUESTDBG_SINGLESTEP for a step.
 
 Memory goes through the guest-memory accessor (pyvmm/kvm/memory.py): an
 address outside the guest is an ``E`` reply, never a host access. Ctrl-C
@@ -38,8 +42,10 @@ from pyvmm._native import ffi, lib
 from pyvmm.common.errors import GuestFault, HostError, PyvmmError, Stopped, UsageError
 from pyvmm.common.sizes import PAGE_SIZE
 from pyvmm.host.peer import peer_uid, trusted
+from pyvmm.kvm.ioctl import KvmError
 from pyvmm.vm.debug import gdbregs
-from pyvmm.vm.debug.gdbviews import FaultView, FrameView, VcpuView
+from pyvmm.vm.debug.gdbviews import Aarch64View, FaultView, FrameView, VcpuView
+from pyvmm.vm.debug.regs import MACHINE
 from pyvmm.vm.debug.rsp import MAX_PACKET, Connection, Disconnected, StopRequested, escape
 
 if TYPE_CHECKING:
@@ -54,6 +60,9 @@ SIGINT, SIGSEGV = 2, 11
 EXCEPTION_SIGNALS = {0: 8, 4: 11, 5: 11, 6: 4, 7: 8, 12: 7, 13: 11, 14: 11, 16: 8, 17: 7, 19: 8}
 HW_SLOTS = 4
 INT3 = b"\xcc"
+AARCH64 = MACHINE == "aarch64"
+if AARCH64:
+    from pyvmm.arch.aarch64 import debug as a64debug
 DR6_BS = 1 << 14
 _E_BAD, _E_FAULT, _E_NOSPC = "E01", "E0e", "E1c"
 _WAKE_NS = 3600 * 10**9
@@ -105,6 +114,7 @@ class GdbStub:
                 "no single step or breakpoint there): use --cpl=deprivileged or --cpl=0"
             )
         self.endpoint = endpoint
+        self.target = gdbregs.TARGETS[MACHINE]
         self.deprivileged = mode == "deprivileged"
         self.vcpu = vcpu
         self.memory = memory
@@ -113,7 +123,12 @@ class GdbStub:
         self.listener: socket.socket | None = None
         #: Who may connect besides root and pyvmm's own user (--user).
         self.allowed: frozenset[int] = frozenset()
-        self.breakpoints: dict[int, bytes | None] = {}  # address -> int3's saved byte
+        self.breakpoints: dict[int, bytes | None] = {}  # address -> the bytes int3/brk replaced
+        #: Software breakpoints written into the text: deprivileged (int3) and aarch64 (brk).
+        self.software = self.deprivileged or AARCH64
+        self.trap = a64debug.BRK if AARCH64 else INT3
+        #: Hardware breakpoint slots: DR0-DR3 at level 0, what arm64 KVM offers.
+        self.hw_slots = a64debug.hardware_breakpoints(vcpu) if AARCH64 else HW_SLOTS
         self.hardware: dict[tuple[int, int, int], None] = {}  # (Z type, address, length)
         self.stepping = False
         self.last_stop = b"T05thread:01;"
@@ -296,9 +311,12 @@ class GdbStub:
             os.eventfd_write(self._wake_fd, 1)
 
     # -- the run loop's hooks -------------------------------------------------------
+    def _vcpu_view(self):
+        return Aarch64View(self.vcpu) if AARCH64 else VcpuView(self.vcpu)
+
     def start(self) -> None:
         """The guest's first instruction is next: gdb takes over."""
-        self._stop(VcpuView(self.vcpu), self.last_stop, send=False)
+        self._stop(self._vcpu_view(), self.last_stop, send=False)
 
     def interrupted(self) -> None:
         """KVM_RUN returned EINTR: gdb's Ctrl-C, or a stale kick."""
@@ -323,15 +341,27 @@ class GdbStub:
             from pyvmm.vm.debug.regs import vcpu_registers
 
             if not vcpu_registers(self.vcpu)["cs"] & 3:  # inside pyvmm's trap entry
-                from pyvmm.vm.debug.regs import guest_registers
+                return self._fault_view()
+        return self._vcpu_view()
 
-                return FaultView(guest_registers(self.vcpu, self.memory))
-        return VcpuView(self.vcpu)
+    def _fault_view(self) -> FaultView:
+        """A faulted (or trap-entry) guest's registers, its FP state with them."""
+        from pyvmm.vm.debug.gdbviews import fp_registers
+        from pyvmm.vm.debug.regs import guest_registers
+
+        values = guest_registers(self.vcpu, self.memory)
+        try:
+            values |= fp_registers(self.vcpu)
+        except KvmError:
+            pass
+        return FaultView(values)
 
     def debug_exit(self, exit: Debug) -> bool:
-        """A KVM_EXIT_DEBUG (level 0): True when it was the stub's."""
+        """A KVM_EXIT_DEBUG (level 0, aarch64): True when it was the stub's."""
         if not self.attached:
             return False
+        if AARCH64:
+            return self._aarch64_debug_exit()
         self._halted()
         hit = exit.dr6 & 0xF
         reason = b""
@@ -346,6 +376,24 @@ class GdbStub:
         elif not self.stepping:
             return False
         self._stop(VcpuView(self.vcpu), b"T05thread:01;" + reason)
+        return True
+
+    def _aarch64_debug_exit(self) -> bool:
+        """Which of the stub's it was, from where the guest stopped (pyvmm's
+        exit record carries x86's debug fields only): at one of its
+        breakpoints (brk or hardware: pc is the address), else a step."""
+        view = Aarch64View(self.vcpu)
+        pc = view.read()["pc"]
+        if pc in self.breakpoints:
+            reason = b"swbreak:;"
+        elif (1, pc, 1) in self.hardware or (0, pc, 1) in self.hardware:
+            reason = b"hwbreak:;"
+        elif self.stepping:
+            reason = b""
+        else:
+            return False
+        self._halted()
+        self._stop(view, b"T05thread:01;" + reason)
         return True
 
     def trap_stop(self, frame: Frame, vector: int, address: int) -> bool:
@@ -379,10 +427,8 @@ class GdbStub:
         resume ends the run with the fault."""
         if not self.attached:
             return
-        from pyvmm.vm.debug.regs import guest_registers
-
         self._halted()
-        view = FaultView(guest_registers(self.vcpu, self.memory))
+        view = self._fault_view()
         print(
             f"pyvmm: gdb: the guest stopped in gdb at its fault: {err}", file=sys.stderr, flush=True
         )
@@ -489,22 +535,23 @@ class GdbStub:
             return self._query(packet)
         if cmd == b"?":
             return self.last_stop
+        target = self.target
         if cmd == b"g":
-            return gdbregs.encode_all(view.read()).encode()
+            return target.encode_all(view.read()).encode()
         if cmd == b"G":
-            view.write(gdbregs.decode_all(bytes.fromhex(rest.decode())))
+            view.write(target.decode_all(bytes.fromhex(rest.decode())))
             return b"OK"
         if cmd == b"p":
             number = int(rest, 16)
-            if not 0 <= number < len(gdbregs.REGISTERS):
+            if not 0 <= number < len(target.registers):
                 return _E_BAD.encode()
-            return gdbregs.encode(number, view.read()).encode()
+            return target.encode(number, view.read()).encode()
         if cmd == b"P":
             number, _, value = rest.partition(b"=")
             number = int(number, 16)
-            if not 0 <= number < len(gdbregs.REGISTERS):
+            if not 0 <= number < len(target.registers):
                 return _E_BAD.encode()
-            write = gdbregs.decode(number, bytes.fromhex(value.decode()))
+            write = target.decode(number, bytes.fromhex(value.decode()))
             if write is not None:
                 view.write(dict([write]))
             return b"OK"
@@ -521,7 +568,7 @@ class GdbStub:
             return b"OK"
         if cmd in (b"c", b"s", b"C", b"S"):
             if rest and cmd in (b"c", b"s"):
-                view.write({"rip": int(rest, 16)})
+                view.write({"pc" if AARCH64 else "rip": int(rest, 16)})
             return self._go(cmd.lower() == b"s", final)
         if cmd == b"v":
             return self._v(packet, final)
@@ -555,8 +602,9 @@ class GdbStub:
             return b"OK"
         if packet.startswith(b"qXfer:features:read:target.xml:"):
             offset, length = _address_length(packet.rsplit(b":", 1)[1])
-            chunk = gdbregs.TARGET_XML[offset : offset + min(length, MAX_PACKET - 4)]
-            more = offset + len(chunk) < len(gdbregs.TARGET_XML)
+            xml = self.target.xml
+            chunk = xml[offset : offset + min(length, MAX_PACKET - 4)]
+            more = offset + len(chunk) < len(xml)
             return (b"m" if more else b"l") + escape(chunk)
         if packet.startswith(b"qXfer:"):
             return b"E00"
@@ -593,8 +641,11 @@ class GdbStub:
     def read_memory(self, address: int, length: int) -> bytes:
         data = bytearray(self.memory.read(address, length, what="gdb read"))
         for bp, saved in self.breakpoints.items():  # gdb sees the guest's bytes
-            if saved is not None and address <= bp < address + length:
-                data[bp - address] = saved[0]
+            if saved is None:
+                continue
+            for i, byte in enumerate(saved, bp - address):
+                if 0 <= i < length:
+                    data[i] = byte
         return bytes(data)
 
     def write_memory(self, address: int, data: bytes) -> None:
@@ -629,19 +680,20 @@ class GdbStub:
         kind, _, where = rest.partition(b",")
         address, length = _address_length(where.split(b";", 1)[0])
         kind = int(kind)
-        if kind == 0 and self.deprivileged:
+        if kind == 0 and self.software:
             if insert:
                 return self._insert_breakpoint(address)
             self._remove_breakpoint(address)
             return b"OK"
-        if self.deprivileged or kind not in (0, 1):
+        if self.deprivileged or kind not in (0, 1) or not self.hw_slots:
             # Deprivileged: no hardware breakpoints; watchpoints (Z2-Z4):
             # kvm_pvm's level-0 emulator fires no data breakpoint (measured,
-            # docs/debugging.md), so gdb falls back to its software ones.
+            # docs/debugging.md), so gdb falls back to its software ones
+            # (on aarch64 too: the stub asks for no watchpoints there).
             return b""
         key = (kind, address, 1)
         if insert:
-            if key not in self.hardware and len(self.hardware) >= HW_SLOTS:
+            if key not in self.hardware and len(self.hardware) >= self.hw_slots:
                 return _E_NOSPC.encode()
             self.hardware[key] = None
         else:
@@ -651,8 +703,8 @@ class GdbStub:
     def _insert_breakpoint(self, address: int) -> bytes:
         if address in self.breakpoints:
             return b"OK"
-        saved = self.memory.read(address, 1, what="gdb breakpoint")
-        self.write_memory(address, INT3)
+        saved = self.memory.read(address, len(self.trap), what="gdb breakpoint")
+        self.write_memory(address, self.trap)
         self.breakpoints[address] = saved
         return b"OK"
 
@@ -662,15 +714,25 @@ class GdbStub:
             self.write_memory(address, saved)
 
     def _slots(self) -> list[tuple[int, int, int]]:
-        return list(self.hardware)[:HW_SLOTS]
+        return list(self.hardware)[: self.hw_slots]
 
     def _apply_debug(self) -> None:
-        """Level 0: the single step and DR0-DR3 as KVM_SET_GUEST_DEBUG."""
+        """Level 0 and aarch64: the single step, breakpoints (DR0-DR3;
+        arm64's brk and breakpoint registers) as KVM_SET_GUEST_DEBUG."""
         from pyvmm.kvm import vcpu as kvm_vcpu
 
         slots = self._slots()
-        state = (self.stepping, tuple(slots))
+        state = (self.stepping, tuple(slots), bool(self.breakpoints))
         if state == self._debug_state:
+            return
+        if AARCH64:
+            a64debug.set_guest_debug(
+                self.vcpu,
+                step=self.stepping,
+                software=bool(self.breakpoints),
+                breakpoints=tuple(address for _, address, _ in slots),
+            )
+            self._debug_state = state
             return
         control = 0
         debugregs = [0] * 8

@@ -4,11 +4,14 @@ Usually the vCPU's own. In deprivileged mode (docs/pvm.md) a fault the
 guest cannot take stops the vCPU inside one of pyvmm's trap stubs, just
 after its ``out``: the general registers are still the guest's (the stub
 changes none), but rip, cs, rflags, rsp and ss are the CPU's frame on the
-trap stack, which says where the guest was.
+trap stack, which says where the guest was. On aarch64, a fault the
+guest took into pyvmm's vectors is read back to its instruction
+(pyvmm/arch/aarch64/guestregs.py).
 """
 
 from __future__ import annotations
 
+import os
 import struct
 import sys
 from typing import TYPE_CHECKING
@@ -27,6 +30,12 @@ USER_REGS = (
 ).split()
 _GPRS = [name for name in USER_REGS[:15] if name != "orig_rax"]
 _OUT_LENGTH = 2  # out %al, $imm8
+MACHINE = os.uname().machine
+# Imported now, at set-up: the sandbox refuses the open of a module at a fault.
+if MACHINE == "aarch64":
+    from pyvmm.arch.aarch64 import guestregs
+else:
+    from pyvmm.arch.x86_64 import fpu
 
 
 def vcpu_registers(vcpu: Vcpu) -> dict[str, int]:
@@ -45,6 +54,11 @@ def vcpu_registers(vcpu: Vcpu) -> dict[str, int]:
 
 def guest_registers(vcpu: Vcpu, memory: GuestMemory) -> dict[str, int]:
     """The guest's registers at a fault ({} if KVM cannot say)."""
+    if MACHINE == "aarch64":
+        try:
+            return guestregs.at_fault(vcpu)
+        except KvmError:
+            return {}
     try:
         regs = vcpu_registers(vcpu)
     except KvmError:
@@ -67,3 +81,14 @@ def guest_registers(vcpu: Vcpu, memory: GuestMemory) -> dict[str, int]:
     rip, cs, rflags, rsp, ss = struct.unpack(f"<{words}Q", raw)[with_code:]
     regs |= {"rip": rip, "cs": cs & 0xFFFF, "eflags": rflags, "rsp": rsp, "ss": ss & 0xFFFF}
     return regs
+
+
+def fp_note(vcpu: Vcpu, regs: dict[str, int]) -> bytes | None:
+    """A core's NT_PRFPREG descriptor (x86_64: the FXSAVE image; aarch64:
+    user_fpsimd_state), None if KVM cannot say."""
+    try:
+        if MACHINE == "aarch64":
+            return guestregs.fpsimd(regs if "v0" in regs else guestregs.read_fp(vcpu))
+        return fpu.fxsave(fpu.get(vcpu))
+    except KvmError:
+        return None
