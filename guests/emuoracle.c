@@ -296,6 +296,9 @@ BODY(mov_es_mem, "  leaq selector_word(%rip), %rbx\n  movw (%rbx), %es\n  movl %
 BODY(mov_ds_opsize, "  movl $0x10, %eax\n  .byte 0x66, 0x8e, 0xd8\n  movl %ds, %ecx\n");
 BODY(mov_ss_reg, "  movl $0x10, %r10d\n  movl %r10d, %ss\n  movq %rsp, %rdx\n");
 BODY(mov_ss_rsp_mem, "  pushq $0x10\n  movw (%rsp), %ss\n  popq %rax\n");
+/* SS with RPL 1 or 3 at level 0: #GP(selector) (RPL 3 does not trap at CPL 3). */
+BODY(mov_ss_rpl1, "  movl $0x11, %eax\n  movl %eax, %ss\n  movl $0x10, %eax\n  movl %eax, %ss\n");
+BODY(mov_ss_rpl3, "  movl $0x13, %eax\n  movl %eax, %ss\n  movl $0x10, %eax\n  movl %eax, %ss\n");
 BODY(mov_ss_fs_mem, WRMSR(0xc0000100, 0x100)
      "  leaq selector_word-0x100(%rip), %rbx\n  movw %fs:(%rbx), %ss\n");
 BODY(mov_fs_base,
@@ -331,6 +334,13 @@ BODY(iretq_other_stack,
      "  movq %rsp, %rbx\n  leaq alt_stack+256(%rip), %rax\n  pushq $0x10\n  pushq %rax\n"
      "  pushq $0x087\n  pushq $0x08\n  leaq 1f(%rip), %rcx\n  pushq %rcx\n  iretq\n"
      "1:\n  movq %rsp, %r14\n  movq %rbx, %rsp\n");
+/* CS or SS with RPL 3 (the guest's descriptors are DPL 0): #GP(selector). */
+BODY(iretq_cs_rpl3,
+     "  movq %rsp, %rax\n  pushq $0x10\n  pushq %rax\n  pushq $2\n  pushq $0x0b\n"
+     "  leaq 1f(%rip), %rcx\n  pushq %rcx\n  iretq\n1:\n");
+BODY(iretq_ss_rpl3,
+     "  movq %rsp, %rax\n  pushq $0x13\n  pushq %rax\n  pushq $2\n  pushq $0x08\n"
+     "  leaq 1f(%rip), %rcx\n  pushq %rcx\n  iretq\n1:\n");
 BODY(iretq_ac_id,
      IRETQ_FRAME(0x240002) "  iretq\n1:\n  pushfq\n  popq %r13\n  andq $~0x200, %r13\n"
      "  pushfq\n  andq $~0x240000, (%rsp)\n  popfq\n");
@@ -403,6 +413,8 @@ BODY(de_divide, "  xorl %ecx, %ecx\n  movl $1, %eax\n  xorl %edx, %edx\n  divl %
 
 /* -- only in their own runs ----------------------------------------------- */
 BODY(int3, "  int3\n");
+BODY(idt_limit, "  subq $16, %rsp\n  movw $0x3f, (%rsp)\n  leaq idt_a(%rip), %rax\n"
+     "  movq %rax, 2(%rsp)\n  lidt (%rsp)\n  ud2\n");
 BODY(hlt, "  hlt\n");
 
 struct oracle_case {
@@ -423,10 +435,11 @@ static const struct oracle_case cases[] = {
     CASE(lidt_base), CASE(lidt_rip), CASE(lidt_sib), CASE(lidt_rsp), CASE(lidt_gs),
     CASE(lidt_addr32), CASE(lidt_rexw), CASE(lidt_a),
     CASE(mov_ds_reg), CASE(mov_es_mem), CASE(mov_ds_opsize), CASE(mov_ss_reg),
-    CASE(mov_ss_rsp_mem), CASE(mov_ss_fs_mem), CASE(mov_fs_base), CASE(mov_gs_base),
+    CASE(mov_ss_rsp_mem), CASE(mov_ss_fs_mem), CASE(mov_ss_rpl1), CASE(mov_ss_rpl3), CASE(mov_fs_base), CASE(mov_gs_base),
     CASE(lretq), CASE(lretq_imm), CASE(lretl), CASE(lretl_imm),
     CASE(lretq_high_selector_bits),
-    CASE(iretq_if_on), CASE(iretq_if_off), CASE(iretq_other_stack), CASE(iretq_ac_id),
+    CASE(iretq_if_on), CASE(iretq_if_off), CASE(iretq_other_stack), CASE(iretq_cs_rpl3),
+    CASE(iretq_ss_rpl3), CASE(iretq_ac_id),
     CASE(iretq_iopl3), CASE(iretl),
     CASE(mov_from_cr0), CASE(mov_from_cr3_r9), CASE(mov_from_cr4), CASE(mov_from_cr8),
     CASE(mov_from_cr0_mod0), CASE(mov_from_cr0_opsize), CASE(mov_from_cr0_rex_before_prefix),
@@ -445,7 +458,7 @@ static const struct oracle_case cases[] = {
  * exit) or that end the run (hlt): each in a run of its own. */
 static const struct oracle_case own_runs[] = {
     CASE(int3), CASE(int_interrupt_gate), CASE(int_trap_gate), CASE(int_n_other_vector),
-    CASE(hlt),
+    CASE(hlt), CASE(idt_limit),
 };
 
 static uint64_t read_cr2(void)

@@ -37,6 +37,13 @@ DIFFERENCES = {
     ("mov_ds_reg", "rcx"): "mov from DS does not trap: kvm_pvm shows 0 at CPL 3, not 0x10",
     ("mov_es_mem", "rcx"): "mov from ES does not trap: kvm_pvm shows 0 at CPL 3, not 0x10",
     ("mov_ds_opsize", "rcx"): "mov from DS does not trap: kvm_pvm shows 0 at CPL 3, not 0x10",
+    **{
+        ("mov_ss_rpl3", key): (
+            "a load of SS with RPL 3 does not trap (CPL 3 may), so level 0's #GP(selector) "
+            "cannot happen deprivileged"
+        )
+        for key in ("rax", "rsp", "t1")
+    },
 }
 
 #: Cases whose level-0 record is KVM's, not the architecture's.
@@ -68,10 +75,17 @@ HANDLER_CASES = {
     "lgdt": ("lgdt_base", "lgdt_rip", "lgdt_sib", "lgdt_rsp", "lgdt_addr32", "lgdt_fs"),
     "lidt": ("lidt_base", "lidt_rip", "lidt_sib", "lidt_rsp", "lidt_gs", "lidt_rexw"),
     "ltr": ("ltr_reg", "ltr_mem", "ltr_r9", "ltr_busy"),
-    "mov_to_sreg": ("mov_ss_reg", "mov_ss_rsp_mem"),
+    "mov_to_sreg": ("mov_ss_reg", "mov_ss_rsp_mem", "mov_ss_fs_mem", "mov_ss_rpl1"),
     "retf": ("lretq", "lretl", "lretq_high_selector_bits"),
     "retf_imm": ("lretq_imm", "lretl_imm"),
-    "iret": ("iretq_if_on", "iretq_if_off", "iretq_other_stack", "iretq_ac_id", "iretl"),
+    "iret": (
+        "iretq_if_on",
+        "iretq_if_off",
+        "iretq_other_stack",
+        "iretq_cs_rpl3",
+        "iretq_ss_rpl3",
+        "iretl",
+    ),
     "mov_from_cr": ("mov_from_cr0", "mov_from_cr3_r9", "mov_from_cr8", "mov_from_cr3_rsp"),
     "wrmsr": ("wrmsr_fs_base", "wrmsr_gs_base_high", "wrmsr_kernel_gs_noncanonical_high"),
     "rdmsr": ("rdmsr_fs_base", "wrmsr_kernel_gs_base"),
@@ -89,7 +103,7 @@ NOT_COUNTED = {
     "as an exception; the handler is for a CPU that raises #GP",
 }
 
-OWN_RUNS = (*KVM_CANNOT, "hlt")
+OWN_RUNS = (*KVM_CANNOT, "hlt", "idt_limit")
 
 
 def records(stdout: str) -> dict[str, dict[str, str]]:
@@ -207,6 +221,22 @@ def test_hlt_ends_the_run_in_the_same_line():
         r"\(rip=0x[0-9a-f]+ rsp=0x[0-9a-f]+ cr2=0x0\) at body_hlt\+0x1",
         line[0],
     )
+
+
+def test_an_exception_past_the_idt_limit_ends_the_run_where_level_0_does():
+    """No gate for #UD (the IDT's limit ends before it): a triple fault at
+    both levels, at the same rip and rsp. The cause differs by design: a
+    level-0 shutdown exit carries no vector, so its line guesses from CR2
+    (here 0, so "page zero"); deprivileged, pyvmm knows it was #UD."""
+    at0, dep = run("0", "idt_limit"), run("deprivileged", "idt_limit")
+    assert at0.returncode == dep.returncode == 1
+    where = re.compile(
+        r"^pyvmm: guest fault: .* (\(rip=\S+ rsp=\S+ cr2=0x0\) at body_idt_limit\S+)$", re.M
+    )
+    ends = [where.search(result.stderr) for result in (at0, dep)]
+    assert None not in ends, (at0.stderr, dep.stderr)
+    assert ends[0].group(1) == ends[1].group(1)
+    assert "triple fault (unhandled exception #UD)" in dep.stderr
 
 
 def handlers() -> set[str]:

@@ -305,7 +305,7 @@ class TrapEmulator:
         self.shadow.tss_base = base
         return None
 
-    def _do_mov_to_sreg(self, frame: Frame, insn: Instruction, next_rip: int) -> None:
+    def _do_mov_to_sreg(self, frame: Frame, insn: Instruction, next_rip: int) -> bool | None:
         selector = self._operand16(frame, insn)
         names = {0: "es", 2: "ss", 3: "ds", 4: "fs", 5: "gs"}
         name = names.get(insn.reg & 7)
@@ -313,6 +313,8 @@ class TrapEmulator:
             raise Unsupported(self._unsupported(frame, "mov to CS"))
         segment = self._real_segment(frame, selector, GUEST_DATA)
         if name == "ss":
+            if self._rpl_fault(frame, selector, code=False):
+                return False
             frame.ss = segment.selector | 3
         else:
             kvm_seg = getattr(frame.sregs, name)
@@ -321,12 +323,15 @@ class TrapEmulator:
             if name in ("fs", "gs"):
                 kvm_seg.base = base  # a selector load leaves the MSR base in 64-bit code
             frame.sregs_dirty = True
+        return None
 
     def _do_retf(self, frame: Frame, insn: Instruction, next_rip: int, extra: int = 0) -> bool:
         size = insn.operand_size // 8
         rip = self._read(frame.rsp, size)
         selector = self._read(frame.rsp + size, size) & 0xFFFF
         segment = self._real_segment(frame, selector, GUEST_CODE)
+        if self._rpl_fault(frame, selector, code=True):
+            return False
         frame.rip = rip
         frame.cs = segment.selector | 3
         frame.rsp = (frame.rsp + 2 * size + extra) & _MASK64
@@ -339,8 +344,13 @@ class TrapEmulator:
         size = 8 if insn.operand_size == 64 else 4
         words = [self._read(frame.rsp + i * size, size) for i in range(5)]
         rip, cs, rflags, rsp, ss = words
-        frame.cs = self._real_segment(frame, cs & 0xFFFF, GUEST_CODE).selector | 3
-        frame.ss = self._real_segment(frame, ss & 0xFFFF, GUEST_DATA).selector | 3
+        code = self._real_segment(frame, cs & 0xFFFF, GUEST_CODE)
+        stack = self._real_segment(frame, ss & 0xFFFF, GUEST_DATA)
+        if self._rpl_fault(frame, cs & 0xFFFF, code=True):
+            return False
+        if self._rpl_fault(frame, ss & 0xFFFF, code=False):
+            return False
+        frame.cs, frame.ss = code.selector | 3, stack.selector | 3
         self.shadow.interrupts = bool(rflags & RFLAGS_IF)
         frame.rflags = _guest_rflags(rflags)
         frame.rip, frame.rsp = rip, rsp
@@ -404,6 +414,22 @@ class TrapEmulator:
     def _do_int(self, frame: Frame, insn: Instruction, next_rip: int) -> bool:
         self._deliver(frame, insn.immediate or 0, None, next_rip)
         return False
+
+    def _rpl_fault(self, frame: Frame, selector: int, *, code: bool) -> bool:
+        """A CS or SS selector whose RPL is not the level the guest believes
+        it runs at (0) faults as on the CPU, #GP(selector): True when so.
+        For CS, unless the guest's own descriptor has that DPL: that is a
+        return to an outer level, and pyvmm runs the guest at one level."""
+        rpl = selector & 3
+        if not rpl:
+            return False
+        offset = selector & ~7
+        if code and offset + 7 <= self.shadow.gdt_limit:
+            descriptor = self._read(self.shadow.gdt_base + offset, 8)
+            if (descriptor >> 45) & 3 == rpl:
+                raise Unsupported(self._unsupported(frame, f"a return to CPL {rpl}"))
+        self._deliver(frame, GP, selector & 0xFFFC, frame.rip)
+        return True
 
     def _real_segment(self, frame: Frame, selector: int, wanted: Segment) -> Segment:
         """The descriptor pyvmm's GDT has at the guest's selector index."""
