@@ -44,7 +44,11 @@ BEGIN_ENV = "PYVMM_OCI_T0"
 #: containerd with its shim (the time between calls).
 RUNTIME_PID, CONTAINERD_PID = 1, 2
 CALL, GAP = "pyvmm-oci.call", "containerd"
+#: Where this process's call began: the front end's clock, or (the Python
+#: runtime started on its own) the process start, in clock ticks.
+STAT_BEGIN = "/proc/self/stat (10 ms steps)"
 READ_MAX = 1 << 20
+_begin_from = "the native front end"
 FILE_MODE = 0o600
 
 
@@ -80,9 +84,11 @@ def call_begin() -> int:
     """When this call began: where the native front end started it, else
     this process's start (10 ms steps). Taken from the environment so that
     nothing pyvmm-oci starts inherits it."""
+    global _begin_from
     given = os.environ.pop(BEGIN_ENV, "")
     if given.isdecimal():
         return int(given)
+    _begin_from = STAT_BEGIN
     found = _stat("self")
     return _ticks_to_monotonic_ns(int(found[1][19])) if found else monotonic_ns()
 
@@ -159,7 +165,7 @@ def event(
 
 def _call_event(name: str, begin_ns: int, end_ns: int, status: int) -> str:
     pid = os.getpid()
-    args = {"pid": pid, "status": status, "runtime": "python"}
+    args = {"pid": pid, "status": status, "runtime": "python", "begin": _begin_from}
     return event(name, CALL, begin_ns, end_ns, RUNTIME_PID, pid, args)
 
 
