@@ -1,6 +1,6 @@
-"""What each OCI runtime call costs: pyvmm-oci (its native front end, and
-the Python runtime alone) beside runc, call by call, as containerd's shim
-makes them.
+"""What each OCI runtime call costs: pyvmm-oci (its native front end, its
+warm path, and the Python runtime alone) beside runc, call by call, as
+containerd's shim makes them.
 
     python3 bench/oci_calls.py [-n RUNS]
 
@@ -11,6 +11,9 @@ timed from outside (fork to exit, wall clock); the table gives each
 call's median and 90th percentile in milliseconds. pyvmm-oci runs the spin
 unikernel; runc a ``sleep`` from the host's /usr (bind-mounted, read-only)
 in a bundle made by ``runc spec``. Both get a cgroup (``/pyvmm-bench/ID``).
+The warm rows are the native front end with the bundle's annotation
+``org.pyvmm.launcher`` naming a ``pyvmm serve`` this script starts (and
+stops): create asks it for the VM, start lets it run.
 """
 
 from __future__ import annotations
@@ -48,15 +51,17 @@ def runc_bundle(path: Path) -> None:
     (path / "config.json").write_text(json.dumps(config))
 
 
-def pyvmm_bundle(path: Path) -> None:
+def pyvmm_bundle(path: Path, launcher: Path | None = None) -> None:
     (path / "rootfs" / "unikernel").mkdir(parents=True)
     shutil.copy(ROOT / "guests" / "bin" / "spin.hvt", path / "rootfs" / "unikernel" / "kernel.hvt")
     config = {
         "ociVersion": "1.0.2",
         "process": {"args": []},
         "root": {"path": "rootfs"},
-        "linux": {"cgroupsPath": "/pyvmm-bench/pyvmm"},
+        "linux": {"cgroupsPath": f"/pyvmm-bench/{path.name}"},
     }
+    if launcher is not None:
+        config["annotations"] = {"org.pyvmm.launcher": str(launcher)}
     (path / "config.json").write_text(json.dumps(config))
 
 
@@ -113,6 +118,24 @@ def one_run(runtime: list[str], bundle: Path, cid: str) -> dict[str, float]:
     return times
 
 
+def start_launcher(sock: Path, log: Path) -> subprocess.Popen:
+    """``pyvmm serve`` on ``sock``, listening once this returns."""
+    with open(log, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pyvmm", "serve", "--api-sock", str(sock)],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            cwd=ROOT,
+        )
+    deadline = time.monotonic() + 30
+    while not sock.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit(f"pyvmm serve did not start: {log.read_text().strip()}")
+        time.sleep(0.05)
+    return proc
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-n", "--runs", type=int, default=10)
@@ -122,14 +145,22 @@ def main() -> int:
     if not os.access(native, os.X_OK):
         raise SystemExit(f"{native} is missing: python3 setup.py build_ext --inplace")
     work = Path(tempfile.mkdtemp(prefix="oci-calls-"))
+    launcher = None
     try:
         runc_bundle(work / "runc")
         pyvmm_bundle(work / "pyvmm")
+        sock = work / "api.sock"
+        pyvmm_bundle(work / "pyvmm-warm", sock)
+        launcher = start_launcher(sock, work / "launcher.log")
         runtimes = {
             "runc": (["runc", "--root", str(work / "runc-root")], work / "runc"),
             "pyvmm-oci (native front end)": (
                 [str(native), "--root", str(work / "pyvmm-root")],
                 work / "pyvmm",
+            ),
+            "pyvmm-oci (warm)": (
+                [str(native), "--root", str(work / "pyvmm-root")],
+                work / "pyvmm-warm",
             ),
             "pyvmm-oci (Python only)": (
                 [sys.executable, "-m", "pyvmm.oci", "--root", str(work / "pyvmm-root")],
@@ -146,15 +177,18 @@ def main() -> int:
                     for call, ms in times.items():
                         samples[name][call].append(ms)
         print(f"{opts.runs} runs, milliseconds, median (p90)")
-        print(f"{'call':<16}" + "".join(f"{name:>32}" for name in runtimes))
+        print(f"{'call':<16}" + "".join(f"{name:>30}" for name in runtimes))
         for call in CALLS:
             cells = []
             for name in runtimes:
                 values = sorted(samples[name][call])
                 p90 = values[min(len(values) - 1, int(len(values) * 0.9))]
                 cells.append(f"{statistics.median(values):.1f} ({p90:.1f})")
-            print(f"{call:<16}" + "".join(f"{cell:>32}" for cell in cells))
+            print(f"{call:<16}" + "".join(f"{cell:>30}" for cell in cells))
     finally:
+        if launcher is not None:
+            launcher.terminate()
+            launcher.wait(timeout=60)
         clean_up(work)
     return 0
 

@@ -9,8 +9,9 @@
  * the relay, whose pid goes to the pid file, and the relay asks the
  * running `pyvmm serve` for the container's VM (POST /v1/containers:
  * the launcher reads the bundle, makes the cgroup and the state, and
- * forks the VM, set up to right before its first instruction;
- * pyvmm/oci/warm.py). create returns once the VM is prepared.
+ * forks the VM, which sets itself up to right before its first
+ * instruction and waits; pyvmm/oci/warm.py). create returns once the VM
+ * is forked and in the container's cgroup.
  *
  * The relay then is what the shim sees of the container: it blocks
  * opening ROOT/ID/exec.fifo for writing, as the cold path's process does;

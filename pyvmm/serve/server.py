@@ -134,11 +134,12 @@ class Launcher:
         self._ids = itertools.count(1)
         self.pools: dict[tuple, Pool] = {}
         self._pool_ids = itertools.count(1)
-        #: Containers' VMs being prepared (pyvmm-oci's warm create), by
-        #: pid: (the container's state, the relay's pid), until prepared.
-        self.held: dict[int, tuple[Any, int]] = {}
-        #: Containers' VMs prepared and waiting for POST /vms/ID/start.
-        self.startable: set[int] = set()
+        #: Containers' VMs (pyvmm-oci's warm create) not started yet, by
+        #: pid: None, or the start asked for (its time, its console fds).
+        self.startable: dict[int, tuple[int, list[int]] | None] = {}
+        #: Containers whose create failed after their VM's fork: their
+        #: state and cgroup go once the VM is reaped.
+        self.held: dict[int, Any] = {}
         #: The last create's command line and directory (``_rehearse``).
         self._last_create: dict[str, Any] | None = None
         self.stopping = 0
@@ -621,11 +622,13 @@ class Launcher:
 
     # -- containers: prepared at pyvmm-oci's create, started at its start ----------
 
-    def _create_container(self, conn: Conn, req: Request) -> None:
+    def _create_container(self, conn: Conn, req: Request) -> tuple[int, Any]:
         """pyvmm-oci's warm create (docs/orchestration.md): the container's
-        VM prepared from its bundle up to its first instruction, then held
-        until POST /vms/ID/start. Only root and the launcher's own user may
-        ask: the bundle's state and cgroup are written as the launcher's."""
+        VM forked from its bundle's command line, moved into its cgroup
+        with the relay, the container's state written; answered then, while
+        the VM sets itself up to its first instruction and waits for POST
+        /vms/ID/start. Only root and the launcher's own user may ask: the
+        state and the cgroup are written as the launcher's user."""
         from pyvmm.oci import warm as oci_warm
 
         if self.stopping:
@@ -651,58 +654,56 @@ class Launcher:
         finally:
             container.close()  # the unikernel's descriptor: read, and the child keeps none
         vm.pooled = True
-        self.held[vm.pid] = (container, relay)
         self.vms[vm.id] = vm
         self._track(vm)
-        self.waiters[vm.pid].append((conn, "create"))
         try:  # at once: what the child touches from now on is the container's
             container.join(vm.pid)
-        except oci_warm.Refused as err:
-            vm.error = str(err)
-            self._signal(vm, signal.SIGKILL)
-        return None
-
-    def _container_ready(self, vm: Vm) -> None:
-        """A container's VM is prepared: the relay joins its cgroup, the
-        state that pyvmm-oci's other verbs read is written, create answered."""
-        from pyvmm.oci import warm as oci_warm
-
-        container, relay = self.held.pop(vm.pid)
-        try:
             container.ready(vm.id, vm.pid, relay)
         except oci_warm.Refused as err:
-            self.held[vm.pid] = (container, relay)  # removed at its reap
-            self._answer(vm, "create", 400, error_body(str(err)))
+            self.held[vm.pid] = container  # removed at its reap
+            vm.error, vm.listed = str(err), False
             self._signal(vm, signal.SIGKILL)
-            return
-        self.startable.add(vm.pid)
-        vm.state = "ready"
-        self._answer(vm, "create", 201)
+            raise HttpError(400, str(err)) from None
+        self.startable[vm.pid] = None
+        return 201, vm.view()
 
     def _start_held(self, conn: Conn, vm: Vm, req: Request) -> None:
-        """POST /vms/ID/start: a held VM gets its console (the fds passed)
-        and its start; answered once it runs, or at its end with "wait"."""
-        import json
-
+        """POST /vms/ID/start: a container's VM gets its console (the fds
+        passed) and its start, at once if it is prepared, else as soon as
+        it is; answered once it runs, or at its end with "wait"."""
         body = req.json()
         wait = body.get("wait", False)
         if set(body) - {"wait"} or not isinstance(wait, bool):
             raise HttpError(400, 'a start takes only "wait" (true or false), and the console fds')
-        if vm.pid not in self.startable:
-            raise HttpError(409, f"VM {vm.id} is {vm.state}: only a held VM is started")
+        if vm.pid not in self.startable or self.startable[vm.pid] is not None:
+            if vm.state == "exited":
+                why = vm.error or f"pyvmm: VM {vm.id} ended before its start"
+                raise HttpError(500, why, vm.exit_status)
+            raise HttpError(409, f"VM {vm.id} is {vm.state}: only a container's VM is started")
         if len(req.fds) > MAX_FDS:
             raise HttpError(400, f"at most {MAX_FDS} file descriptors (stdout, stderr)")
+        fds, req.fds = req.fds, []  # this start's now: closed once the VM has them
         arrived = conn.arrived_ns or time.monotonic_ns()
+        self.waiters[vm.pid].append((conn, "start+wait" if wait else "start"))
+        self.startable[vm.pid] = (arrived, fds)
+        if vm.state == "ready":
+            self._go(vm)
+        return None
+
+    def _go(self, vm: Vm) -> None:
+        """A container's VM, prepared and asked to start: its console and go."""
+        import json
+
+        arrived, fds = self.startable.pop(vm.pid)
         message = b"go" + json.dumps({"arrived_ns": arrived}).encode()
         try:
-            socket.send_fds(vm.channel, [message], req.fds)
+            socket.send_fds(vm.channel, [message], fds)
         except OSError as err:
             self._signal(vm, signal.SIGKILL)
-            raise HttpError(503, f"pyvmm: the VM did not take its start: {err}") from None
-        self.startable.discard(vm.pid)
+            vm.error = f"pyvmm: the VM did not take its start: {err}"
+        finally:
+            _close_fds(fds)
         vm.state, vm.arrived_ns = "starting", arrived
-        self.waiters[vm.pid].append((conn, "start+wait" if wait else "start"))
-        return None
 
     # -- pools ---------------------------------------------------------------------
 
@@ -974,15 +975,17 @@ class Launcher:
                 pool.preparing.remove(vm)
                 pool.ready.append(vm)
                 vm.state = "ready"
-            if vm.pid in self.held:
-                self._container_ready(vm)
+            if vm.pid in self.startable:
+                vm.state = "ready"
+                if self.startable[vm.pid] is not None:  # its start came first
+                    self._go(vm)
         elif kind == "error":
             vm.error = event["message"]
             pool = self.pools.get(vm.pool) if vm.pool else None
             if pool is not None:
                 pool.error = vm.error
             if vm.state == "starting":
-                vm.listed = False
+                vm.listed = vm.pid in self.startable  # (its start says why it ended)
                 status = 500 if event["internal"] else 400
                 body = error_body(vm.error, event["status"])
                 for kind in ("create", "create+wait", "start", "start+wait"):
