@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -353,3 +354,27 @@ def test_the_snapshot_command_writes_one_of_a_running_vm(launcher, tmp_path):
     assert stopped.returncode == 0 and stopped.stdout.endswith("the VM ends\n"), stopped.stderr
     assert ended(launcher, vm["id"])["exit_status"] == 0
     assert "pyvmm snapshot --api-sock PATH [--stop] ID DIR" in run_pyvmm("--help", cwd=ROOT).stdout
+
+
+def test_bench_snapshot_quick_prints_every_row_and_leaves_nothing(tmp_path):
+    """bench/snapshot.py in its smallest run: every row printed, its JSON
+    written, and no launcher, VM or directory of its own left behind."""
+    before = set(Path(tempfile.gettempdir()).glob("pyvmm-bench-snapshot-*"))
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "snapshot.py"), "--runs", "1", "--clones", "2",
+         "--json", str(tmp_path / "r.json")],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    for row in (
+        "request -> files written and synced",
+        "cold pyvmm --restore: snapshot opened -> first instruction",
+        "serve, fork per request: restore",
+        "serve, from a pool: restore",
+        "template clones (restore)",
+        "booted from scratch",
+    ):
+        assert row in result.stdout, result.stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["density"]["clones"]["pss_mib"]["median"] > 0
+    assert set(Path(tempfile.gettempdir()).glob("pyvmm-bench-snapshot-*")) == before
