@@ -92,7 +92,16 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench/cri.py: needs root (containerd, network namespaces, cgroups)", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    main_pid = os.getpid()
+
+    def on_term(*_: object) -> None:
+        # pyroute2 forks helpers (which inherit this handler) and ends them
+        # with SIGTERM: only this process unwinds to its clean-up.
+        if os.getpid() != main_pid:
+            os._exit(128 + signal.SIGTERM)
+        sys.exit(128 + signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_term)
     native = ROOT / "pyvmm" / "_oci"
     ctd = CriContainerd(str(native))
     try:
@@ -107,7 +116,7 @@ def main() -> int:
         for run in range(opts.runs):
             for handler in order[run % 2 :] + order[: run % 2]:
                 results[handler].append(pod_start(ctd, handler, HANDLERS[handler][1]))
-    except (CriError, RuntimeError) as err:
+    except (CriError, RuntimeError, OSError) as err:
         print(f"bench/cri.py: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

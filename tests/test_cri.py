@@ -15,6 +15,7 @@ namespace, tap or mount is left.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -26,14 +27,8 @@ import pytest
 from conftest import guest, need_tool
 from pyvmm.oci import image as oci_image
 from pyvmm.oci.cgroups import is_v2
-from testkit.cri.containerd import (
-    BRIDGE,
-    CNI_RESULTS,
-    CriContainerd,
-    cgroup_dirs,
-    mounts_under,
-    pids_mentioning,
-)
+from testkit.containerd import mounts_under, pids_mentioning
+from testkit.cri.containerd import BRIDGE, CNI_RESULTS, CriContainerd, cgroup_dirs
 
 pytestmark = [pytest.mark.kvm, pytest.mark.netns]
 
@@ -55,11 +50,6 @@ def ref(name: str) -> str:
     return f"docker.io/pyvmm/{name}:latest"
 
 
-def _netns_mounts() -> set[str]:
-    with open("/proc/self/mountinfo") as f:
-        return {line.split()[4] for line in f if " nsfs " in line}
-
-
 @pytest.fixture(scope="module")
 def cri():
     for tool in ("containerd", "ctr", "containerd-shim-runc-v2", "runc", "gcc"):
@@ -67,7 +57,6 @@ def cri():
     if not os.access(NATIVE, os.X_OK):
         pytest.fail(f"{NATIVE} is missing: run scripts/setup")
     pytest.importorskip("grpc_tools", reason="grpcio-tools is not installed (scripts/setup)")
-    before = _netns_mounts()
     ctd = CriContainerd(str(NATIVE))
     try:
         archives = []
@@ -86,7 +75,7 @@ def cri():
     assert pids_mentioning(str(ctd.dir)) == []
     assert cgroup_dirs(ctd.cgroup_parent) == []
     assert not ctd.ns.exists()
-    assert _netns_mounts() <= before
+    assert mounts_under(str(ctd.dir)) == []  # the pods' network namespaces were mounted there
     if os.path.isdir(CNI_RESULTS):
         assert [f for f in os.listdir(CNI_RESULTS) if f.startswith(ctd.network)] == []
 
@@ -160,6 +149,10 @@ def test_a_unikernel_pod_runs_hello_and_its_log_status_and_exit_code_are_kubelet
         assert status.state == cri.cri.pb.SANDBOX_READY
         assert status.runtime_handler == "pyvmm"
         assert status.network.ip.startswith("10.88.0."), status.network.ip
+        verbose = cri.cri.rt("PodSandboxStatus", pod_sandbox_id=pod.id, verbose=True)
+        spec = json.loads(verbose.info["info"])["runtimeSpec"]
+        (netns,) = [n["path"] for n in spec["linux"]["namespaces"] if n["type"] == "network"]
+        assert netns.startswith(f"{cri.dir}/state/")  # so the teardown's mount check covers it
         # The pause container went to runc, below pyvmm-oci's root.
         assert (cri.pyvmm_root / "k8s.io" / ".runc" / pod.id).is_dir()
         cid = pod.create("hello", ref("hello"))

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pyvmm.oci.cgroups import DEFAULT_ROOT, V1_CONTROLLERS, is_v2
+from testkit.containerd import MNT_DETACH, mounts_under, pids_mentioning
 from testkit.cri import images, stubs
 from testkit.netns import NetNamespace
 
@@ -40,34 +41,11 @@ POD_GATEWAY = "10.88.0.1"
 BRIDGE = "cni0"
 CNI_BIN = "/usr/lib/cni"  # Debian's containernetworking-plugins
 CNI_RESULTS = "/var/lib/cni/results"  # libcni's cache of ADD results (removed at DEL)
-MNT_DETACH = 2
 CALL_TIMEOUT = 60.0
 
 
 class CriError(RuntimeError):
     """containerd did not come up, or a CRI call failed."""
-
-
-def pids_mentioning(text: str) -> list[int]:
-    """Processes (not this one) whose command line contains ``text``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdecimal() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if text.encode() in f.read():
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
-
-
-def mounts_under(path: str) -> list[str]:
-    """Mount points below ``path``, deepest first."""
-    with open("/proc/self/mountinfo") as f:
-        points = [line.split()[4] for line in f]
-    return sorted((p for p in points if p.startswith(path + "/")), key=len, reverse=True)
 
 
 def cgroup_dirs(path: str) -> list[str]:
@@ -127,6 +105,7 @@ class CriContainerd:
         self.proc: subprocess.Popen[Any] | None = None
         self.cri: Cri | None = None
         self._log: Any = None
+        self._owner = os.getpid()  # a forked child never tears down its parent's
 
     # -- configuration ----------------------------------------------------
 
@@ -244,6 +223,8 @@ class CriContainerd:
 
     def stop(self) -> list[str]:
         """Everything goes; the list says what needed force (empty: a clean end)."""
+        if os.getpid() != self._owner:
+            return []
         forced: list[str] = []
         steps = [
             lambda: self._remove_pods(forced),
