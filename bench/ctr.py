@@ -203,18 +203,22 @@ def breakdown(
     return parts
 
 
-def timeline_parts(path: Path) -> tuple[dict[str, float], float]:
-    """From a container's timeline: the VM's phases by group (ms), and
-    create's own span (ms), which ends before the interpreter's exit."""
+def timeline_parts(path: Path) -> tuple[dict[str, float], float, float]:
+    """From a container's timeline: the VM's phases by group (ms),
+    create's own span (ms), which ends before the interpreter's exit, and
+    the interpreter's start inside it (ms)."""
     trace = json.loads(path.read_text())
     path.unlink()
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     create = next(e for e in spans if e["cat"] == timeline.CALL and e["name"] == "create")
+    interpreter = sum(
+        e["dur"] for e in spans if e["cat"] == "pyvmm-oci" and e["name"] == "interpreter start"
+    )
     main = [e for e in spans if e["cat"] == "pyvmm" and e["tid"] == e["pid"]]
     vm = {}
     for group, prefixes in VM_GROUPS:
         vm[group] = sum(e["dur"] for e in main if e["name"].startswith(prefixes)) / 1000
-    return vm, create["dur"] / 1000
+    return vm, create["dur"] / 1000, interpreter / 1000
 
 
 def start_launcher(sock: Path) -> subprocess.Popen:
@@ -260,11 +264,14 @@ def report(rows: list[Row], pairs: int, warm_note: str | None) -> None:
             f"{row.name:<28}{f'{median:.1f} ({p90:.1f})':>18}{median / runc_median:>15.2f}"
             f"{f'{tmed:.1f} ({tp90:.1f})':>18}"
         )
-    if warm_note:
+    if warm_note == "--no-warm":
+        print("warm: left out (--no-warm)")
+    elif warm_note:
         print(f"warm: not available ({warm_note})")
     order = [
         "ctr to create",
         "create",
+        "create: interpreter start",
         "create: its exit, after its span",
         "create to start",
         "start",
@@ -349,10 +356,13 @@ def main() -> int:
                 t_begin, t_end = ctr_run(ctd, row, cid + "t", runtime, options)
                 vm = None
                 if row.name == COLD:
-                    vm, create_span = timeline_parts(traces / f"{cid}t{timeline.SUFFIX}")
+                    vm, create_span, interpreter = timeline_parts(
+                        traces / f"{cid}t{timeline.SUFFIX}"
+                    )
                 parts = breakdown(wrapped_calls(log), t_begin, t_end, vm)
                 if vm is not None:
                     parts["create: its exit, after its span"] = parts["create"] - create_span
+                    parts["create: interpreter start"] = interpreter
                 if i:
                     row.totals.append((end - begin) / 1e6)
                     row.traced_totals.append((t_end - t_begin) / 1e6)
