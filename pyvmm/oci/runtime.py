@@ -41,18 +41,13 @@ start-up timeline, its calls and the VM's phases in DIR/ID.trace.json
 from __future__ import annotations
 
 import argparse
-import array
 import contextlib
 import json
 import os
 import re
-import select
-import shutil
 import signal
-import socket
 import sys
 import time
-from datetime import UTC, datetime
 
 from pyvmm import __version__
 from pyvmm.oci import cgroups, netargs, timeline
@@ -127,6 +122,21 @@ def write_private(path: str, data: str) -> None:
     os.replace(tmp, path)
 
 
+def utc_now() -> str:
+    """Now as datetime's isoformat() in UTC, without importing datetime
+    (create's start-up: docs/orchestration.md)."""
+    now = time.time()
+    whole = int(now)
+    micro = min(999999, int((now - whole) * 1e6))
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{micro:06d}+00:00"
+
+
+def _rmtree(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
 # -- logging -------------------------------------------------------------
 
 
@@ -137,7 +147,7 @@ class Log:
     def write(self, level: str, msg: str) -> None:
         if not self.path:
             return
-        now = datetime.now(UTC).isoformat()
+        now = utc_now()
         if self.fmt == "json":
             line = json.dumps({"level": level, "msg": msg, "time": now})
         else:
@@ -215,6 +225,9 @@ class Container:
 
 def _send_console(sock_path: str) -> int:
     """A new pty: its master goes to the console socket; the slave fd back."""
+    import array
+    import socket
+
     master, slave = os.openpty()
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -311,15 +324,13 @@ def create(root: str, args: argparse.Namespace) -> None:
 def _create(
     container: Container, bundle: str, config: dict, kernel: Unikernel, args: argparse.Namespace
 ) -> None:
-    from pyvmm.oci import network
-
     os.mkdir(container.dir, DIR_MODE)
     state: dict = {
         "id": args.id,
         "pid": 0,
         "bundle": bundle,
         "rootfs": rootfs_of(bundle, config),
-        "created": datetime.now(UTC).isoformat(),
+        "created": utc_now(),
         "annotations": kernel.annotations,
         "netns": kernel.netns,
         "link": None,
@@ -340,6 +351,8 @@ def _create(
         tap = mac = None
         if kernel.net_devices:
             try:
+                from pyvmm.oci import network  # (pyroute2: only for a guest with a net device)
+
                 link = network.setup(kernel.netns, args.id)
             except Exception as err:  # pyroute2's NetlinkError is no OSError
                 raise RuntimeError_(f"container network: {err}") from err
@@ -358,7 +371,11 @@ def _create(
         os.mkfifo(container.fifo, 0o600)
         if args.console_socket:
             console = _send_console(args.console_socket)
-        enter = network.inside(kernel.netns) if kernel.netns else contextlib.nullcontext()
+        enter = contextlib.nullcontext()
+        if kernel.netns:
+            from pyvmm.host.netns import inside_path
+
+            enter = inside_path(kernel.netns)
         with enter:  # the child is born in the container's network namespace
             pid = os.fork()
             if pid == 0:
@@ -393,6 +410,8 @@ def start(root: str, args: argparse.Namespace) -> None:
     status = container.status(state)
     if status != "created":
         raise RuntimeError_(f"cannot start a container that is {status}")
+    import select
+
     fd = os.open(container.fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         deadline = time.monotonic() + START_TIMEOUT
@@ -465,8 +484,6 @@ def _remove(container: Container, state: dict, kill: bool) -> str | None:
     it killed too), the network, the state. A cgroup that cannot be
     removed keeps the state, so a later delete tries again; its reason is
     returned."""
-    from pyvmm.oci import network
-
     if kill and container.alive(state):
         with contextlib.suppress(ProcessLookupError):
             os.kill(state["pid"], signal.SIGKILL)
@@ -481,13 +498,15 @@ def _remove(container: Container, state: dict, kill: bool) -> str | None:
             failed = str(err)
     if state.get("link") and state.get("netns"):
         with contextlib.suppress(Exception):
+            from pyvmm.oci import network
+
             network.teardown(state["netns"], state["link"])
         state["link"] = None
     if failed is not None:
         with contextlib.suppress(OSError):
             container.save(state)
         return failed
-    shutil.rmtree(container.dir, ignore_errors=True)
+    _rmtree(container.dir)
     return None
 
 
@@ -495,7 +514,7 @@ def delete(root: str, args: argparse.Namespace) -> None:
     container = Container(root, args.id)
     if not container.exists():
         if os.path.isdir(container.dir):  # a create that died half-way
-            shutil.rmtree(container.dir, ignore_errors=True)
+            _rmtree(container.dir)
             return
         raise RuntimeError_(f"container {args.id} does not exist")
     state = container.load()
@@ -641,6 +660,8 @@ def _is_sandbox(args: argparse.Namespace) -> bool:
 def delegate(argv: list[str], args: argparse.Namespace) -> None:
     """Run this command with runc, its state under ROOT/.runc: a pod's pause
     container, and every later command about it, go to runc (as urunc does)."""
+    import shutil
+
     runc = shutil.which(os.environ.get("PYVMM_OCI_RUNC", "runc"))
     if runc is None:
         raise RuntimeError_("a pod sandbox container needs runc, which is not installed")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from datetime import UTC, datetime
 
 from pyvmm.oci import cgroups
 from pyvmm.oci.bundle import BundleError, Unikernel, load_config, read_bundle, rootfs_of
@@ -38,6 +37,7 @@ from pyvmm.oci.runtime import (
     _start_time,
     pyvmm_argv,
     pyvmm_command,
+    utc_now,
 )
 
 #: The request's members (POST /v1/containers).
@@ -165,7 +165,7 @@ def prepare(body: dict) -> WarmContainer:
         "pid": 0,
         "bundle": bundle,
         "rootfs": rootfs_of(bundle, config),
-        "created": datetime.now(UTC).isoformat(),
+        "created": utc_now(),
         "annotations": kernel.annotations,
         "netns": kernel.netns,
         "link": None,
