@@ -11,10 +11,11 @@ at the sandbox's line:
   state and the metadata it was sent, the checksums its own;
 - the VM's process (``Snapshotter``) stops its vCPU between two exits,
   with the kick ``--snapshot-at=sigusr2`` uses (immediate_exit and a
-  signal to the vCPU's thread), captures the vCPU, sends it with the
-  metadata only it knows (plan, devices, trap emulator, clock) and waits,
-  the guest stopped, until the launcher says the files are written; then
-  the guest runs on, or the run ends with status 0 (``"stop": true``).
+  signal to the vCPU's thread), pauses its IO threads, captures the vCPU,
+  sends it with the metadata only it knows (plan, devices and their host
+  side, trap emulator, clock) and waits, the guest stopped, until the
+  launcher says the files are written; then the guest runs on, or the run
+  ends with status 0 (``"stop": true``).
 
 The channel's messages (child.py's channel):
 
@@ -166,11 +167,19 @@ class Snapshotter:
             self._answered.clear()
             self.vmm.vcpu.set_immediate_exit(False)
         written = False
+        # The IO threads paused too, so that guest memory, which the
+        # launcher reads after, and the kinds' host side sent now agree.
+        services = [service for _, service in self.vmm.services]
+        for service in services:
+            service.pause()
         try:
             written = self._send_state(request["dir"])
         finally:
             with self.lock:
                 self.request, self.taking = None, False
+            if not (written and request["stop"]):  # a run that ends, ends paused
+                for service in services:
+                    service.resume()
         if written and request["stop"]:
             raise SnapshotStop(request["dir"])
 
