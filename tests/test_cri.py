@@ -28,6 +28,7 @@ from conftest import guest, need_tool
 from pyvmm.oci import image as oci_image
 from pyvmm.oci.cgroups import is_v2
 from testkit.containerd import mounts_under, pids_mentioning
+from testkit.cri import stubs
 from testkit.cri.containerd import BRIDGE, CNI_RESULTS, CriContainerd, cgroup_dirs
 
 pytestmark = [pytest.mark.kvm, pytest.mark.netns]
@@ -56,7 +57,10 @@ def cri():
         need_tool(tool)
     if not os.access(NATIVE, os.X_OK):
         pytest.fail(f"{NATIVE} is missing: run scripts/setup")
-    pytest.importorskip("grpc_tools", reason="grpcio-tools is not installed (scripts/setup)")
+    try:
+        stubs.generate()  # the CRI client's messages, once per machine
+    except stubs.StubError as err:
+        pytest.fail(str(err))
     ctd = CriContainerd(str(NATIVE))
     try:
         archives = []
