@@ -543,16 +543,43 @@ def unsupported(what: str):
     return refuse
 
 
+def feature_set() -> dict:
+    """What ``features`` says, each claim what the code does
+    (docs/orchestration.md, "Supported and not"): no hooks and no mounts
+    (a bind mount only names a disk's source); of the namespaces only the
+    network one means something to a VM; cgroups v1 and v2, and the
+    systemd driver's paths (no transient unit is asked for); the spec's
+    seccomp, AppArmor, SELinux and RDT do not apply (pyvmm installs its
+    own filter). The annotations that change what runs are listed as
+    such: pyvmm's own (the unikernel, its disks, the warm launcher, the
+    trace) and urunc's."""
+    return {
+        "ociVersionMin": "1.0.0",
+        "ociVersionMax": OCI_VERSION,
+        "hooks": [],
+        "mountOptions": [],
+        "linux": {
+            "namespaces": ["network"],
+            "capabilities": [],
+            "cgroup": {
+                "v1": True,
+                "v2": True,
+                "systemd": True,
+                "systemdUser": False,
+                "rdma": False,
+            },
+            "seccomp": {"enabled": False},
+            "apparmor": {"enabled": False},
+            "selinux": {"enabled": False},
+            "intelRdt": {"enabled": False},
+        },
+        "annotations": {"org.pyvmm.runtime": "pyvmm-oci", "org.pyvmm.version": __version__},
+        "potentiallyUnsafeConfigAnnotations": ["org.pyvmm.", "com.urunc.unikernel."],
+    }
+
+
 def features(root: str, args: argparse.Namespace) -> None:
-    print(
-        json.dumps(
-            {
-                "ociVersionMin": "1.0.0",
-                "ociVersionMax": OCI_VERSION,
-                "annotations": {"org.pyvmm.runtime": "pyvmm-oci"},
-            }
-        )
-    )
+    print(json.dumps(feature_set(), indent=2))
 
 
 # -- command line -----------------------------------------------------------
