@@ -24,6 +24,7 @@ from conftest import guest, popen_pyvmm, run_pyvmm
 from pyvmm.kvm.system import kvm_flavour
 from pyvmm.vm.debug.symbols import SymbolFile
 from scripts import solo5_build, solo5_check
+from testkit.rspclient import RawClient
 
 pytestmark = pytest.mark.kvm
 
@@ -334,47 +335,6 @@ def test_existing_socket_path_is_not_replaced(tmp_path):
 
 
 # -- a hostile client ----------------------------------------------------------------
-class RawClient:
-    """Raw remote-protocol packets over TCP, acknowledgements included."""
-
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
-        self.buffer = b""
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def packet(self, body: bytes) -> bytes:
-        return b"$" + body + b"#%02x" % (sum(body) & 0xFF)
-
-    def ask(self, body: bytes) -> bytes:
-        self.send(self.packet(body))
-        return self.reply()
-
-    def ack(self) -> bytes:
-        while not self.buffer:
-            self._fill()
-        ack, self.buffer = self.buffer[:1], self.buffer[1:]
-        return ack
-
-    def reply(self) -> bytes:
-        assert self.ack() == b"+"
-        while True:
-            match = re.match(rb"\$([^#]*)#([0-9a-f]{2})", self.buffer, re.S)
-            if match:
-                self.buffer = self.buffer[match.end() :]
-                body = match.group(1)
-                assert int(match.group(2), 16) == sum(body) & 0xFF
-                self.send(b"+")
-                return body
-            self._fill()
-
-    def _fill(self) -> None:
-        data = self.sock.recv(65536)
-        assert data, "pyvmm closed the connection"
-        self.buffer += data
-
-
 def test_hostile_client_gets_errors_and_pyvmm_survives(tmp_path):
     pyvmm = popen_pyvmm("--cpl=0", "--gdb-port=0", guest("gdbtarget"))
     try:

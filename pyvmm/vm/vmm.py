@@ -218,8 +218,8 @@ class Vmm:
         config = self.config
         if config.gdb_socket is not None and config.gdb_port is not None:
             raise UsageError("--gdb-port and --gdb-socket: give one of them")
-        if os.uname().machine != "x86_64":
-            raise UsageError(f"--gdb: not yet on {os.uname().machine} hosts (x86_64 only)")
+        if os.uname().machine not in ("x86_64", "aarch64"):
+            raise UsageError(f"--gdb: not on {os.uname().machine} hosts (x86_64 and aarch64)")
         port = DEFAULT_PORT if config.gdb_port is None else config.gdb_port
         endpoint = Endpoint(port=port, path=config.gdb_socket)
         self.gdb = GdbStub(endpoint, plan.mode, self.vcpu, self.memory, self.stop_fd)

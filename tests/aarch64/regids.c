@@ -39,6 +39,19 @@ int main(void)
     SYS("mair_el1", 3, 0, 10, 2, 0);
     SYS("vbar_el1", 3, 0, 12, 0, 0);
     SYS("tpidr_el1", 3, 0, 13, 0, 4);
+    for (int n = 0; n < 32; n++) {
+        snprintf(name, sizeof(name), "v%d", n);
+        printf("%s %llu\n", name, (unsigned long long)(KVM_REG_ARM64 | KVM_REG_SIZE_U128 |
+               KVM_REG_ARM_CORE | KVM_REG_ARM_CORE_REG(fp_regs.vregs[n])));
+    }
+    printf("fpsr %llu\n", (unsigned long long)(KVM_REG_ARM64 | KVM_REG_SIZE_U32 |
+           KVM_REG_ARM_CORE | KVM_REG_ARM_CORE_REG(fp_regs.fpsr)));
+    printf("fpcr %llu\n", (unsigned long long)(KVM_REG_ARM64 | KVM_REG_SIZE_U32 |
+           KVM_REG_ARM_CORE | KVM_REG_ARM_CORE_REG(fp_regs.fpcr)));
+    printf("KVM_SET_GUEST_DEBUG %lu\n", (unsigned long)KVM_SET_GUEST_DEBUG);
+    printf("KVM_GUESTDBG_USE_SW_BP %lu\n", (unsigned long)KVM_GUESTDBG_USE_SW_BP);
+    printf("KVM_GUESTDBG_USE_HW %lu\n", (unsigned long)KVM_GUESTDBG_USE_HW);
+    printf("KVM_CAP_GUEST_DEBUG_HW_BPS %lu\n", (unsigned long)KVM_CAP_GUEST_DEBUG_HW_BPS);
     printf("sizeof_kvm_regs %zu\n", sizeof(struct kvm_regs));
     printf("offsetof_fp_regs %zu\n", offsetof(struct kvm_regs, fp_regs));
     printf("sizeof_kvm_vcpu_init %zu\n", sizeof(struct kvm_vcpu_init));
