@@ -284,13 +284,13 @@ def report(rows: list[Row], pairs: int, warm_note: str | None) -> None:
     ]
     keys = [k for k in order if any(k in p for row in rows for p in row.parts)]
     print("\nbreakdown of the traced runs, ms, median of each part")
-    print(f"{'part':<30}" + "".join(f"{row.name:>22}" for row in rows))
+    print(f"{'part':<33}" + "".join(f"{row.name:>20}" for row in rows))
     for key in keys:
         cells = []
         for row in rows:
             values = [p[key] for p in row.parts if key in p]
             cells.append(f"{statistics.median(values):.1f}" if values else "-")
-        print(f"{key:<30}" + "".join(f"{cell:>22}" for cell in cells))
+        print(f"{key:<33}" + "".join(f"{cell:>20}" for cell in cells))
 
 
 def main() -> int:
