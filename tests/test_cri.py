@@ -62,6 +62,17 @@ def cri():
     except stubs.StubError as err:
         pytest.fail(str(err))
     ctd = CriContainerd(str(NATIVE))
+    owner = os.getpid()
+
+    def on_term(signum: int, _frame: object) -> None:
+        # A SIGTERM (CI's timeout, a killed run) ends the session through
+        # the teardowns, so containerd and its pods go too; a forked helper
+        # (pyroute2's) that gets one just exits.
+        if os.getpid() != owner:
+            os._exit(128 + signum)
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
     try:
         archives = []
         for name, (kernel, net_args) in IMAGES.items():
@@ -72,6 +83,7 @@ def cri():
         yield ctd
     finally:
         forced = ctd.stop()
+        signal.signal(signal.SIGTERM, previous)
     # Nothing of it anywhere: its directory (state, sockets, pods' netns
     # mounts), its processes, its cgroups, its namespace, CNI's results.
     assert not forced, forced
