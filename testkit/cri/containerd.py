@@ -30,7 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from pyvmm.oci.cgroups import DEFAULT_ROOT, V1_CONTROLLERS, is_v2
+from pyvmm.oci.cgroups import DEFAULT_ROOT, is_v2
 from testkit.containerd import MNT_DETACH, mounts_under, pids_mentioning
 from testkit.cri import images, stubs
 from testkit.netns import NetNamespace
@@ -49,12 +49,22 @@ class CriError(RuntimeError):
 
 
 def cgroup_dirs(path: str) -> list[str]:
-    """The directories of cgroup ``path`` that exist (each v1 hierarchy, or v2's one)."""
+    """The directories of cgroup ``path`` that exist: v2's one, or one in
+    every v1 hierarchy mounted (runc makes the pod's level in all of them,
+    blkio, devices, freezer and systemd's included, not only the five
+    pyvmm-oci uses)."""
     rel = path.lstrip("/")
     if is_v2():
-        dirs = [os.path.join(DEFAULT_ROOT, rel)]
+        bases = [DEFAULT_ROOT]
     else:
-        dirs = [os.path.join(DEFAULT_ROOT, c, rel) for c in V1_CONTROLLERS]
+        bases = sorted(
+            {
+                os.path.realpath(os.path.join(DEFAULT_ROOT, name))
+                for name in os.listdir(DEFAULT_ROOT)
+                if os.path.ismount(os.path.join(DEFAULT_ROOT, name))
+            }
+        )
+    dirs = [os.path.join(base, rel) for base in bases]
     return [d for d in dirs if os.path.isdir(d)]
 
 
