@@ -20,6 +20,7 @@ import time
 import pytest
 
 from conftest import guest
+from pyvmm._native import lib
 from pyvmm.vm.snapshot import format as snapshot_format
 from testkit import helpers
 from testkit.netns import NetNamespace
@@ -36,6 +37,9 @@ PATHS = {
     "hybrid": ("--shm=hybrid",),
     "hypercalls": ("--shm=off",),
 }
+
+
+EARLY_WAKE = "ping: warning: a frame was waiting but poll did not report the device ready\n"
 
 
 def one_line(result: subprocess.CompletedProcess) -> str:
@@ -131,7 +135,9 @@ def test_the_ping_guest_restored_on_a_new_tap_answers(tmp_path, path):
         helpers.ping(ns, GUEST_IP, 2)
         out, err = restored.communicate(timeout=60)
     assert restored.returncode == 0, out + err
-    assert out == "answered 4 echo requests\nSUCCESS\n"
+    # The poll the SIGUSR2 kick cut short returned with nothing ready; a
+    # frame the restored guest then finds is worth its one warning line.
+    assert out.removeprefix(EARLY_WAKE) == "answered 4 echo requests\nSUCCESS\n", out
 
 
 def test_the_solo5_ring_continues_after_a_restore(tmp_path):
@@ -185,7 +191,7 @@ def consumed_at_snapshot(directory, region_gpa: int) -> int:
         return int.from_bytes(f.read(4), "little")
 
 
-@pytest.mark.parametrize("mode", ["poll", "event", "hybrid"])
+@pytest.mark.parametrize("mode", ["poll", "event", "hybrid", "event-uring"])
 def test_a_guest_snapshotted_under_a_flood_keeps_every_frame_it_had(tmp_path, mode):
     """udpsink under a UDP flood, snapshotted mid-flood, restored on a new
     tap and sent more: it counts every frame that had reached its ring (the
@@ -199,7 +205,8 @@ def test_a_guest_snapshotted_under_a_flood_keeps_every_frame_it_had(tmp_path, mo
         vm = start_snapshotting(
             ns,
             directory,
-            f"--shm={mode}",
+            f"--shm={mode.removesuffix('-uring')}",
+            f"--tap-read={'uring' if mode.endswith('-uring') else 'readv'}",
             "--net:service0=tap100",
             f"--net-mac:service0={MAC}",
             guest("udpsink"),
@@ -232,7 +239,11 @@ def test_a_guest_snapshotted_under_a_flood_keeps_every_frame_it_had(tmp_path, mo
     assert 0 < acknowledged <= delivered == saved["links"][0]["rx_prod"], (acknowledged, saved)
     # What pyvmm read from the first tap went into the ring or was dropped, counted.
     drops = counters["rx_drops_full"] + counters["rx_drops_oversize"]
-    assert old_tap["tx_packets"] == delivered + drops, (old_tap, counters)
+    if mode.endswith("-uring"):  # what the reads in flight at the pause took is lost
+        in_flight = lib.TAP_URING_CHAIN
+        assert delivered + drops <= old_tap["tx_packets"] <= delivered + drops + in_flight, old_tap
+    else:
+        assert old_tap["tx_packets"] == delivered + drops, (old_tap, counters)
     assert old_tap["tx_packets"] + old_tap["tx_dropped"] <= first == flood
     # The second tap's frames all arrived (a gentle rate, a queue for all).
     assert new_tap["tx_packets"] == more and final["rx_frames"] == delivered + more, final
