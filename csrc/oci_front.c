@@ -541,8 +541,15 @@ int main(int argc, char **argv)
     if (i >= argc || g_root[0] == '\0' || strlen(g_root) > PATH_MAX / 2)
         python();
     const char *command = argv[i++];
-    if (!strcmp(command, "create"))
-        return warm_create(argc, argv, i, debug, systemd); /* or the cold one, Python's */
+    if (!strcmp(command, "create")) {
+        int rc = warm_create(argc, argv, i, debug, systemd); /* or the cold one, Python's */
+        if (valid_id(argv[argc - 1])) { /* the warm create's span (the cold one writes its own) */
+            char dir[PATH_MAX];
+            snprintf(dir, sizeof dir, "%s/%s", g_root, argv[argc - 1]);
+            oci_timeline_span(dir, "create", g_begin, rc);
+        }
+        return rc;
+    }
     int flag = 0, json = 0;
     const char *words[2] = {NULL, NULL};
     int nwords = 0;

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from pyvmm.oci import cgroups
+from pyvmm.oci import cgroups, timeline
 from pyvmm.oci.bundle import BundleError, Unikernel, load_config, read_bundle, rootfs_of
 from pyvmm.oci.runtime import (
     DIR_MODE,
@@ -84,7 +84,9 @@ class WarmContainer:
         self.debug = debug
         self.cgroup: cgroups.Cgroup | None = None
         #: pyvmm's command line, after ``pyvmm``: the launcher parses it.
-        self.argv = pyvmm_argv(kernel, None, None, verbose=debug)[len(pyvmm_command()) :]
+        trace = timeline.vm_trace(container.dir)  # the container's timeline, if it keeps one
+        argv = pyvmm_argv(kernel, None, None, verbose=debug, trace=trace)
+        self.argv = argv[len(pyvmm_command()) :]
 
     def close(self) -> None:
         """The launcher's descriptors of the unikernel: its plan has read it."""
@@ -148,8 +150,10 @@ def prepare(body: dict) -> WarmContainer:
             annotations.get(key) == "sandbox" for key in SANDBOX_KEYS
         ):
             raise Refused("a pod's sandbox is runc's", cold=True)
+        # The annotation only: the environment is the launcher's, not the runtime's.
+        trace_dir = timeline.requested(annotations, environ={})
         kernel = read_bundle(bundle, config)
-    except BundleError as err:
+    except (BundleError, timeline.TimelineError) as err:
         raise Refused(str(err)) from None
     try:
         if kernel.net_devices or kernel.blocks:
@@ -157,6 +161,8 @@ def prepare(body: dict) -> WarmContainer:
             raise Refused(f"the warm path takes guests without {what} devices", cold=True)
         os.makedirs(root, mode=DIR_MODE, exist_ok=True)
         os.mkdir(container.dir, DIR_MODE)
+        if trace_dir is not None:
+            timeline.start(container.dir, timeline.destination(trace_dir, container.id))
     except BaseException:
         kernel.close()
         raise
