@@ -416,3 +416,26 @@ def test_a_networked_vm_snapshotted_through_the_api_answers_on_a_new_tap(tmp_pat
             assert after.read_text().removeprefix(early) == "answered 4 echo requests\nSUCCESS\n"
         finally:
             assert server.stop() == 128 + signal.SIGTERM
+
+
+def test_a_restored_vm_snapshotted_again_keeps_the_pages_it_never_touched(launcher, tmp_path):
+    """A clone's guest memory is the template's file, MAP_PRIVATE: the 4 MiB
+    table it never read again are the file's pages, not in its page map
+    (1023 whole pages of it: the table is not page-aligned);
+    its own snapshot has them all the same (and it resumes)."""
+    first = tmp_path / "first"
+    out = tmp_path / "out"
+    vm = started(launcher, out, "--mem=16", guest("bigsink_idle"), "256", "4000", "0")
+    wait_for(out, "heap:")
+    pages = snapshot(launcher, vm, first, stop=True)["pages"]
+    clone = launcher.api("POST", "/v1/vms", {"restore": str(first), "stdout": str(tmp_path / "c")})
+    assert clone[0] == 201, clone
+    second = tmp_path / "second"
+    again = snapshot(launcher, clone[1], second, stop=True)
+    assert again["pages"] >= pages - 8, (again, pages)
+    memory = (second / "memory").read_bytes()
+    table = bytes([0x3C]) * 4096
+    assert sum(memory[i : i + 4096] == table for i in range(0, len(memory), 4096)) >= 1023
+    end = restored(launcher, second, tmp_path / "end")
+    assert end["exit_status"] == 0, end
+    assert (tmp_path / "end").read_text() == "rewritten: 256 KiB\nSUCCESS\n"

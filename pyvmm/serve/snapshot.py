@@ -34,12 +34,14 @@ import base64
 import json
 import os
 import signal
+import struct
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from pyvmm._native import lib
 from pyvmm.common.errors import PyvmmError
+from pyvmm.common.sizes import PAGE_SIZE
 from pyvmm.kvm import Interrupted
 from pyvmm.serve.http import HttpError
 from pyvmm.vm.snapshot import vcpu as cpu_state
@@ -56,7 +58,6 @@ from pyvmm.vm.snapshot.format import (
     pack_state,
     seal,
     write_all,
-    write_memory,
 )
 from pyvmm.vm.snapshot.writer import KICK, SnapshotStop, check_snapshottable, metadata
 
@@ -286,7 +287,7 @@ class Taking:
         packed = event["state"]
         os.ftruncate(self.fds[MEMORY], mem_size)  # all holes until written
         with _ProcessMemory(self.pid, event["memory_addr"], mem_size) as memory:
-            pages = write_memory(self.fds[MEMORY], memory)
+            pages = write_guest_memory(self.fds[MEMORY], memory)
         write_all(self.fds[CPU_STATE], packed)
         # The launcher's own counts and checksums, whatever the process said.
         document["cpu_state"] = {"file": CPU_STATE, "sha256": checksum(packed), "size": len(packed)}
@@ -328,12 +329,25 @@ class Taking:
             pass
 
 
+#: pagemap entry bits (Documentation/admin-guide/mm/pagemap.rst).
+_PRESENT, _SWAPPED = 1 << 63, 1 << 62
+#: The most read from the VM's process at once.
+_CHUNK = 1 << 20
+
+
 class _ProcessMemory:
-    """A VM process's guest memory as format.write_memory reads it:
-    slices are copies, read through /proc/PID/mem (the launcher is the
-    process's parent)."""
+    """A VM process's guest memory, read through /proc/PID/mem (the
+    launcher is the process's parent).
+
+    Only what can hold data is read: an anonymous page the process never
+    touched is neither present nor swapped in /proc/PID/pagemap and reads
+    as zero, so it is skipped unread (a 512 MiB guest has a few hundred
+    KiB of such pages in use); a file-backed part (the unikernel's image,
+    a restored snapshot's memory file) is read whole, its untouched pages
+    being the file's."""
 
     def __init__(self, pid: int, addr: int, size: int) -> None:
+        self.pid = pid
         self.addr = addr
         self.size = size
         try:
@@ -347,18 +361,95 @@ class _ProcessMemory:
     def __exit__(self, *exc: object) -> None:
         os.close(self.fd)
 
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, part: slice) -> bytes:
-        start, stop, _ = part.indices(self.size)
+    def read(self, offset: int, length: int) -> bytes:
         try:
-            data = os.pread(self.fd, stop - start, self.addr + start)
+            data = os.pread(self.fd, length, self.addr + offset)
         except OSError as err:
             raise SnapshotError(f"cannot read the VM's memory: {err.strerror}") from None
-        if len(data) != stop - start:
+        if len(data) != length:
             raise SnapshotError("cannot read the VM's memory: short read")
         return data
+
+    def ranges(self) -> list[tuple[int, int]]:
+        """(offset, length) of guest memory that may hold data, in order."""
+        out: list[tuple[int, int]] = []
+        start, end = self.addr, self.addr + self.size
+        covered = start
+        with open(f"/proc/{self.pid}/maps") as maps, open(f"/proc/{self.pid}/pagemap", "rb") as pm:
+            for line in maps:
+                fields = line.split()
+                low, high = (int(x, 16) for x in fields[0].split("-"))
+                low, high = max(low, start), min(high, end)
+                if low >= high:
+                    continue
+                if low != covered:
+                    raise SnapshotError("the VM's guest memory is not one mapping")
+                covered = high
+                if fields[4] != "0":  # file-backed: all of it
+                    out.append((low - start, high - low))
+                    continue
+                base = low - start
+                for first, count in _used_runs(
+                    pm_read(pm, low // PAGE_SIZE, (high - low) // PAGE_SIZE)
+                ):
+                    out.append((base + first * PAGE_SIZE, count * PAGE_SIZE))
+        if covered != end:
+            raise SnapshotError("the VM's guest memory is not one mapping")
+        return out
+
+
+def pm_read(pagemap, first: int, count: int) -> bytes:
+    """``count`` pagemap entries from page ``first`` on, raw."""
+    pagemap.seek(first * 8)
+    raw = pagemap.read(count * 8)
+    if len(raw) != count * 8:
+        raise SnapshotError("cannot read the VM's page map: short read")
+    return raw
+
+
+#: 64 pagemap entries of pages never touched (no bit set at all).
+_UNUSED_BLOCK = bytes(64 * 8)
+
+
+def _used_runs(raw: bytes) -> list[tuple[int, int]]:
+    """(first page, pages) of each run of present or swapped entries; the
+    blocks of 64 untouched pages, most of a guest's memory, skipped whole."""
+    runs: list[tuple[int, int]] = []
+    run = None
+    count = len(raw) // 8
+    for block in range(0, count, 64):
+        part = raw[block * 8 : (block + 64) * 8]
+        if part == _UNUSED_BLOCK[: len(part)]:
+            if run is not None:
+                runs.append((run, block - run))
+                run = None
+            continue
+        for i, (entry,) in enumerate(struct.iter_unpack("<Q", part), block):
+            used = entry & (_PRESENT | _SWAPPED)
+            if used and run is None:
+                run = i
+            elif not used and run is not None:
+                runs.append((run, i - run))
+                run = None
+    if run is not None:
+        runs.append((run, count - run))
+    return runs
+
+
+def write_guest_memory(fd: int, memory: _ProcessMemory) -> int:
+    """The pages of ``memory`` that are not zero into the pre-sized,
+    all-hole file ``fd`` at their offsets; how many were written."""
+    zero_page = bytes(PAGE_SIZE)
+    written = 0
+    for offset, length in memory.ranges():
+        for at in range(offset, offset + length, _CHUNK):
+            chunk = memory.read(at, min(_CHUNK, offset + length - at))
+            for page in range(0, len(chunk), PAGE_SIZE):
+                data = chunk[page : page + PAGE_SIZE]
+                if data != zero_page:
+                    write_all(fd, data, at + page)
+                    written += 1
+    return written
 
 
 def decode_state(text: str) -> bytes:
