@@ -20,7 +20,8 @@
  *                          case: "case NAME: ..." lines and "SUCCESS"
  *   emuoracle.hvt CASE     only that case, for int3 and int n (which KVM
  *                          cannot execute at CPL 0 here: an internal error
- *                          exit) and hlt (the run ends: no halt hypercall)
+ *                          exit), hlt (the run ends: no halt hypercall),
+ *                          idt_limit and iretq_to_outer_level (the run ends)
  *
  * Like an unmodified Solo5 unikernel it carries no pyvmm capability note.
  */
@@ -416,6 +417,10 @@ BODY(int3, "  int3\n");
 BODY(idt_limit, "  subq $16, %rsp\n  movw $0x3f, (%rsp)\n  leaq idt_a(%rip), %rax\n"
      "  movq %rax, 2(%rsp)\n  lidt (%rsp)\n  ud2\n");
 BODY(hlt, "  hlt\n");
+/* An iretq to a DPL 3 code descriptor of the guest's: a return to CPL 3. */
+BODY(iretq_to_outer_level,
+     "  lgdt gdtrs+200(%rip)\n  movq %rsp, %rax\n  pushq $0x10\n  pushq %rax\n  pushq $2\n"
+     "  pushq $0x0b\n  leaq 1f(%rip), %rcx\n  pushq %rcx\n  iretq\n1:\n");
 
 struct oracle_case {
     const char *name;
@@ -458,7 +463,7 @@ static const struct oracle_case cases[] = {
  * exit) or that end the run (hlt): each in a run of its own. */
 static const struct oracle_case own_runs[] = {
     CASE(int3), CASE(int_interrupt_gate), CASE(int_trap_gate), CASE(int_n_other_vector),
-    CASE(hlt), CASE(idt_limit),
+    CASE(hlt), CASE(idt_limit), CASE(iretq_to_outer_level),
 };
 
 static uint64_t read_cr2(void)
@@ -588,6 +593,11 @@ static void cpu_init(void)
         gdtrs[k].limit = sizeof(gdt) - 1;
         gdtrs[k].base = (uint64_t)(uintptr_t)gdts[k - 1];
     }
+    for (int w = 0; w < GDT_WORDS; w++)   /* the last: user-mode code at 0x08 */
+        gdts[NGDT - 1][w] = gdt[w];
+    gdts[NGDT - 1][1] = 0x00affb000000ffffULL;
+    gdtrs[NGDT].limit = sizeof(gdt) - 1;
+    gdtrs[NGDT].base = (uint64_t)(uintptr_t)gdts[NGDT - 1];
     gdtrs[0].limit = sizeof(gdt) - 1;
     gdtrs[0].base = (uint64_t)(uintptr_t)gdt;
     for (int v = 0; v < GATES; v++) {

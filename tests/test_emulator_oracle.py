@@ -103,7 +103,7 @@ NOT_COUNTED = {
     "as an exception; the handler is for a CPU that raises #GP",
 }
 
-OWN_RUNS = (*KVM_CANNOT, "hlt", "idt_limit")
+OWN_RUNS = (*KVM_CANNOT, "hlt", "idt_limit", "iretq_to_outer_level")
 
 
 def records(stdout: str) -> dict[str, dict[str, str]]:
@@ -237,6 +237,22 @@ def test_an_exception_past_the_idt_limit_ends_the_run_where_level_0_does():
     assert None not in ends, (at0.stderr, dep.stderr)
     assert ends[0].group(1) == ends[1].group(1)
     assert "triple fault (unhandled exception #UD)" in dep.stderr
+
+
+def test_a_return_to_an_outer_level_is_refused_in_one_line():
+    """An iretq to the guest's own DPL 3 code descriptor would enter user
+    mode, which pyvmm does not emulate (the guest runs at one level). Not
+    run at level 0: KVM returns to CPL 3 and the guest, whose pages are
+    supervisor-only there, never gets back."""
+    dep = run("deprivileged", "iretq_to_outer_level")
+    assert dep.returncode == 1
+    lines = [line for line in dep.stderr.splitlines() if line.startswith("pyvmm:")]
+    assert len(lines) == 1 and re.fullmatch(
+        r"pyvmm: guest fault: privileged instruction pyvmm does not emulate "
+        r"\(a return to CPL 3\): bytes 48 cf at rip=0x[0-9a-f]+ "
+        r"at body_iretq_to_outer_level\+0x[0-9a-f]+; run it with --cpl=0",
+        lines[0],
+    ), dep.stderr
 
 
 def handlers() -> set[str]:
