@@ -4,7 +4,9 @@
 (or containerd started with ``PYVMM_OCI_TIMELINE=DIR``) leaves one Trace
 Event file, ``DIR/ID.trace.json``: the runtime's calls, the shim's start,
 the gaps between calls and the VM's own phases, on one clock, in the order
-they can only have happened in. Without either, nothing is traced. The
+they can only have happened in; on the warm path (a ``pyvmm serve`` of the
+test's own), the native calls and the VM's phases from the launcher's
+hand-over, after ``start``. Without either, nothing is traced. The
 private containerd is testkit's (its own directories, taken down after).
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -225,3 +228,47 @@ def test_the_runtime_s_environment_traces_every_container(trace_dir):
             _check_timeline(json.load(f), {"create": "python", "*": "native"})
     finally:
         _stopped(ctd)
+
+
+@pytest.fixture(scope="module")
+def launcher(tmp_path_factory):
+    from test_oci_warm import Launcher
+
+    server = Launcher(tmp_path_factory.mktemp("warm-trace"))
+    try:
+        yield server
+    finally:
+        status = server.stop()
+    assert status == 128 + signal.SIGTERM, server.log.read_text()
+
+
+def test_the_warm_path_s_timeline_has_its_calls_and_the_vm_only_after_start(
+    containerd, launcher, trace_dir
+):
+    """On the warm path the VM was prepared at create in the launcher: the
+    timeline shows the native calls and the VM's phases from the launcher's
+    hand-over, which begins only after start began."""
+    before = set(launcher.vms())
+    options = (
+        "--annotation",
+        f"{timeline.ANNOTATION}={trace_dir}",
+        "--annotation",
+        f"org.pyvmm.launcher={launcher.path}",
+    )
+    done = containerd.run(HELLO, "warmtrace1", options=options)
+    assert done.returncode == 0, done.stderr
+    assert len(set(launcher.vms()) - before) == 1  # the warm path, not a fall-back
+    with open(trace_dir / "warmtrace1.trace.json") as f:
+        trace = json.load(f)
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    calls = sorted((e for e in spans if e["cat"] == timeline.CALL), key=lambda e: e["ts"])
+    assert [c["name"] for c in calls][0] == "create" and calls[-1]["name"] == "delete"
+    assert {c["args"]["runtime"] for c in calls} == {"native"}
+    for before_call, after in zip(calls, calls[1:], strict=False):
+        assert before_call["ts"] + before_call["dur"] <= after["ts"]
+    start = next(c for c in calls if c["name"] == "start")
+    vm = [e for e in spans if e["cat"] == "pyvmm"]
+    assert any(e["name"].startswith("launcher:") for e in vm), vm
+    first_run = next(e for e in vm if e["name"] == FIRST_RUN)
+    assert start["ts"] <= min(e["ts"] for e in vm) <= first_run["ts"]
+    assert max(e["ts"] + e["dur"] for e in vm) <= calls[-1]["ts"]
