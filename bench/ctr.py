@@ -13,13 +13,13 @@ always goes first; the first round warms the snapshots and the page cache
 and is not counted. Start to exit is `ctr run --rm` from fork to exit.
 
 Each round also runs every row once more, traced, for the breakdown:
-pyvmm-oci cold with the annotation org.pyvmm.trace (its calls and the
-VM's phases, pyvmm.oci.timeline); runc and the warm path through a small
-wrapper binary (built here) that logs each call's fork to exit, since
-neither the runc process nor the warm VM's launcher writes the timeline.
-"rest" is start to exit less the runtime's calls and the VM's phases:
-ctr, containerd, the shim, the snapshot's mount, and for runc and warm
-the workload itself (their processes are not traced).
+each call from fork to exit through a small wrapper binary (built here)
+that logs them, as the shim would see them, and for pyvmm-oci (cold and
+warm) the VM's phases from the container's timeline (the annotation
+org.pyvmm.trace, pyvmm.oci.timeline), with the cold create's interpreter
+start. The time around the calls is ctr's, containerd's, the shim's and
+the snapshot mount's, and for runc the workload's too (runc's container
+process is not traced).
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ VALUED = ("--root", "--log", "--log-format", "--criu", "--rootless")
 #: The VM's phases (pyvmm --trace), grouped: the first phase of each group.
 VM_GROUPS = (
     ("pyvmm start", ("interpreter start", "imports:", "argument parsing")),
+    ("launcher hand-over", ("launcher:",)),
     (
         "VM set-up",
         (
@@ -211,13 +212,17 @@ def timeline_parts(path: Path) -> tuple[dict[str, float], float, float]:
     path.unlink()
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     create = next(e for e in spans if e["cat"] == timeline.CALL and e["name"] == "create")
+    if not any(e["cat"] == "pyvmm" for e in spans):
+        raise SystemExit(f"{path}: no VM phases in the timeline")
     interpreter = sum(
         e["dur"] for e in spans if e["cat"] == "pyvmm-oci" and e["name"] == "interpreter start"
     )
     main = [e for e in spans if e["cat"] == "pyvmm" and e["tid"] == e["pid"]]
     vm = {}
     for group, prefixes in VM_GROUPS:
-        vm[group] = sum(e["dur"] for e in main if e["name"].startswith(prefixes)) / 1000
+        mine = [e["dur"] for e in main if e["name"].startswith(prefixes)]
+        if mine:  # (the warm VM has no interpreter start, the cold no hand-over)
+            vm[group] = sum(mine) / 1000
     return vm, create["dur"] / 1000, interpreter / 1000
 
 
@@ -349,18 +354,17 @@ def main() -> int:
             for row in order:
                 cid = f"b{i}-{row.name.split()[-1].strip(',')}"
                 begin, end = ctr_run(ctd, row, cid, row.runtime)
-                options = ()
-                if row.name == COLD:
-                    options = ("--annotation", f"{timeline.ANNOTATION}={traces}")
+                traced = row.ref == HELLO  # pyvmm-oci keeps the timeline, cold or warm
+                options = ("--annotation", f"{timeline.ANNOTATION}={traces}") if traced else ()
                 runtime, log = wrapped[row.name]
                 t_begin, t_end = ctr_run(ctd, row, cid + "t", runtime, options)
                 vm = None
-                if row.name == COLD:
+                if traced:
                     vm, create_span, interpreter = timeline_parts(
                         traces / f"{cid}t{timeline.SUFFIX}"
                     )
                 parts = breakdown(wrapped_calls(log), t_begin, t_end, vm)
-                if vm is not None:
+                if row.name == COLD:
                     parts["create: its exit, after its span"] = parts["create"] - create_span
                     parts["create: interpreter start"] = interpreter
                 if i:
