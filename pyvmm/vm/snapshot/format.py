@@ -66,8 +66,9 @@ def pack_state(parts: dict[str, bytes]) -> bytes:
     )
 
 
-def unpack_state(raw: bytes, sizes: dict[str, int]) -> dict[str, bytes]:
-    """``cpu.state``'s parts, every name known and every size KVM's."""
+def unpack_state(raw: bytes, sizes: dict[str, int | tuple[int, int]]) -> dict[str, bytes]:
+    """``cpu.state``'s parts, every name known and every size KVM's: an
+    exact size, or (multiple, limit) for a list (the MSRs: (16, 4096))."""
     parts: dict[str, bytes] = {}
     at = 0
     while at < len(raw):
@@ -79,7 +80,8 @@ def unpack_state(raw: bytes, sizes: dict[str, int]) -> dict[str, bytes]:
         if name not in sizes or name in parts:
             raise SnapshotError(f"cpu.state has an unknown or repeated part '{name}'")
         want = sizes[name]
-        if (want and length != want) or (not want and (length % 16 or length > 4096)):
+        multiple, limit = want if isinstance(want, tuple) else (0, 0)
+        if length % multiple or length > limit if multiple else length != want:
             raise SnapshotError(f"cpu.state: part '{name}' is {length} bytes, not {want}")
         if len(raw) - at < length:
             raise SnapshotError("cpu.state is truncated")

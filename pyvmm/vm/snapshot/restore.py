@@ -159,13 +159,12 @@ class Restore:
         self.tsc = clock.integer("tsc")
         self.tsc_khz = clock.integer("tsc_khz", 1, 1 << 32)
         self.wall_ns = clock.integer("wall_ns")
-        sizes = cpu_state.part_sizes() | {"msrs": 0}
+        self.arch_state = cpu_state.for_arch(machine)
+        sizes = self.arch_state.state_sizes()
         self.state = read_state(dir_fd, path, meta.object("cpu_state"), sizes)
-        for needed in ("regs", "sregs", "msrs"):
-            if needed not in self.state:
-                raise refuse(path, f"cpu.state has no '{needed}'")
-        if "xsave" not in self.state and "fpu" not in self.state:
-            raise refuse(path, "cpu.state has neither 'xsave' nor 'fpu'")
+        missing = self.arch_state.missing_part(self.state)
+        if missing:
+            raise refuse(path, missing)
         memory = meta.object("memory")
         if memory.integer("size") != self.mem_size:
             raise refuse(path, "the memory file's size and the plan's differ")
@@ -268,27 +267,22 @@ class Restore:
         trace.mark("snapshot memory mapped (MAP_PRIVATE)")
 
     def load_vcpu(self, system: System, vcpu: Vcpu, tsc_khz: int) -> None:
-        from pyvmm.arch.x86_64 import cpu
-
+        """The saved state, its clock counter (x86_64's TSC, aarch64's
+        virtual counter) moved on by the wall-clock time since the snapshot."""
+        arch_state = self.arch_state
         if tsc_khz != self.tsc_khz:
             raise refuse(
                 self.path,
                 f"taken where the TSC runs at {self.tsc_khz} kHz, here at {tsc_khz} kHz",
             )
-        cpu.set_cpuid(vcpu, cpu.supported_cpuid(system))
-        state = dict(self.state)
+        arch_state.prepare(system, vcpu)
         gap_ns = max(0, time.time_ns() - self.wall_ns)
         tsc = self.tsc + gap_ns * self.tsc_khz // 1_000_000
-        entries = [
-            (index, tsc if index == cpu_state.MSR_TSC else value)
-            for index, value in cpu_state.msr_entries(state["msrs"])
-        ]
-        state["msrs"] = cpu_state.pack_msrs(entries)
-        cpu_state.apply(vcpu, state)
+        arch_state.apply(vcpu, arch_state.with_counter(self.state, tsc))
         # Some KVMs keep the guest's TSC the host's and ignore the write
         # (PVM: the host's TSC, which went on since the snapshot too); one
         # behind the snapshot's would make the guest's clock go back.
-        if cpu_state.read_tsc(vcpu) < self.tsc:
+        if arch_state.read_counter(vcpu) < self.tsc:
             raise refuse(self.path, "this KVM did not set the TSC: the guest's clock would go back")
         trace.mark("vCPU state set from the snapshot")
 

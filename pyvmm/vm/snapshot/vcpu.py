@@ -1,4 +1,5 @@
-"""The x86_64 vCPU state a snapshot holds, read and set through KVM.
+"""The x86_64 vCPU state a snapshot holds, read and set through KVM
+(``for_arch`` gives aarch64's, vcpu_aarch64.py, with the same functions).
 
 Each part is the kernel's own struct, kept as its raw bytes: general and
 special registers, the FPU/SSE/AVX state (XSAVE, or the legacy FPU area
@@ -154,3 +155,64 @@ def with_rip(regs: bytes, value: int) -> bytes:
 def read_tsc(vcpu: Vcpu) -> int:
     """The guest's TSC now (KVM_GET_MSRS)."""
     return dict(msr_entries(_get_msrs(vcpu, (MSR_TSC,)))).get(MSR_TSC, 0)
+
+
+# -- what a snapshot asks of an architecture's vCPU state ----------------------------
+#: The hypercall instruction: ``outl %eax, (%dx)`` (hvt's ports are above
+#: 0xff, so never the imm8 form).
+OUT_EAX_DX = 0xEF
+
+
+def state_sizes() -> dict[str, int | tuple[int, int]]:
+    """Each part's size for format.unpack_state (the MSR list: 16-byte entries)."""
+    return part_sizes() | {"msrs": (16, 4096)}
+
+
+def missing_part(state: dict[str, bytes]) -> str | None:
+    """What a saved state lacks to be set, or None."""
+    for needed in ("regs", "sregs", "msrs"):
+        if needed not in state:
+            return f"cpu.state has no '{needed}'"
+    if "xsave" not in state and "fpu" not in state:
+        return "cpu.state has neither 'xsave' nor 'fpu'"
+    return None
+
+
+def counter(state: dict[str, bytes]) -> int | None:
+    """The guest's clock counter in a state: its TSC."""
+    return dict(msr_entries(state["msrs"])).get(MSR_TSC)
+
+
+def with_counter(state: dict[str, bytes], value: int) -> dict[str, bytes]:
+    entries = [(i, value if i == MSR_TSC else v) for i, v in msr_entries(state["msrs"])]
+    return {**state, "msrs": pack_msrs(entries)}
+
+
+read_counter = read_tsc
+
+
+def rewind_hypercall(state: dict[str, bytes], read) -> dict[str, bytes] | None:
+    """The state moved back onto the hypercall instruction just completed
+    (``read(gpa, n)``: guest memory), or None if that is not one."""
+    at = rip(state) - 1
+    if read(at, 1) != bytes([OUT_EAX_DX]):
+        return None
+    return {**state, "regs": with_rip(state["regs"], at)}
+
+
+def prepare(system, vcpu: Vcpu) -> None:
+    """A fresh vCPU made ready for a saved state: its CPUID."""
+    from pyvmm.arch.x86_64 import cpu
+
+    cpu.set_cpuid(vcpu, cpu.supported_cpuid(system))
+
+
+def for_arch(machine: str):
+    """The module with these functions for ``machine`` (x86_64: this one)."""
+    if machine == "aarch64":
+        from pyvmm.vm.snapshot import vcpu_aarch64
+
+        return vcpu_aarch64
+    import sys
+
+    return sys.modules[__name__]

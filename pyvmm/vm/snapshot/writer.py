@@ -66,9 +66,6 @@ TRIGGERS = ("first-wait", "sigusr2")
 #: What interrupts KVM_RUN on the vCPU's thread for a SIGUSR2 snapshot (a
 #: handler that does nothing; SIGUSR2 itself is taken by sigwait).
 KICK = signal.SIGRTMIN + 5
-#: The hypercall instruction: ``outl %eax, (%dx)`` (hvt's ports are above
-#: 0xff, so never the imm8 form).
-OUT_EAX_DX = 0xEF
 
 
 class GuestRun(Protocol):
@@ -105,8 +102,8 @@ def kernel_identity(kernel: Kernel) -> dict[str, Any]:
 def check_snapshottable(config: VmConfig, plan: Plan) -> None:
     """The runs a snapshot can be taken of today, refused at set-up otherwise."""
     machine = os.uname().machine
-    if machine != "x86_64":
-        raise UsageError(f"--snapshot-at: x86_64 hosts only (this one: {machine})")
+    if machine not in ("x86_64", "aarch64"):
+        raise UsageError(f"--snapshot-at: x86_64 and aarch64 hosts only (this one: {machine})")
     for kind, _ in plan.devices:
         if kind.not_snapshotted:
             raise UsageError(
@@ -151,6 +148,7 @@ class SnapshotTarget:
     @classmethod
     def prepare(cls, config: VmConfig, plan: Plan) -> SnapshotTarget:
         check_snapshottable(config, plan)
+        cpu_state.for_arch(os.uname().machine)  # its module imported now: no open later
         if config.snapshot_at == "sigusr2":
             if config.gdb:
                 raise UsageError("--snapshot-at=sigusr2: not with --gdb (its kick is SIGUSR2)")
@@ -312,7 +310,7 @@ class SnapshotTarget:
         """The snapshot at an exit KVM_RUN returned with EINTR: every
         operation complete, the guest between two instructions."""
         trace.mark("snapshot: the guest stopped (SIGUSR2)")
-        state = cpu_state.capture(vmm.vcpu)
+        state = cpu_state.for_arch(os.uname().machine).capture(vmm.vcpu)
         self._finish(vmm, state, time.monotonic())
 
     def take(self, vmm: GuestRun) -> None:
@@ -326,16 +324,19 @@ class SnapshotTarget:
             vcpu.set_immediate_exit(False)
         if type(done) is not Interrupted:
             raise SnapshotError(f"snapshot: the vCPU did not stop at once ({done!r})")
-        state = cpu_state.capture(vcpu)
-        rip = cpu_state.rip(state) - 1
-        try:
-            at_out = vmm.memory.read(rip, 1, what="snapshot") == bytes([OUT_EAX_DX])
-        except GuestFault:
-            at_out = False
-        if not at_out:
-            raise SnapshotError(f"snapshot: the guest is not at a hypercall (rip {rip:#x})")
-        state["regs"] = cpu_state.with_rip(state["regs"], rip)
-        self._finish(vmm, state, started)
+        arch_state = cpu_state.for_arch(os.uname().machine)
+        state = arch_state.capture(vcpu)
+
+        def read(gpa: int, length: int) -> bytes:
+            try:
+                return vmm.memory.read(gpa, length, what="snapshot")
+            except GuestFault:
+                return b""
+
+        rewound = arch_state.rewind_hypercall(state, read)
+        if rewound is None:
+            raise SnapshotError("snapshot: the guest is not at a hypercall instruction")
+        self._finish(vmm, rewound, started)
 
     def _finish(self, vmm: GuestRun, state: dict[str, bytes], started: float) -> None:
         try:
@@ -386,9 +387,9 @@ def metadata(
 ) -> dict[str, Any]:
     """snapshot.json's document (format.seal adds its checksum)."""
     plan, config = vmm.plan, vmm.config
-    tsc = dict(cpu_state.msr_entries(state["msrs"])).get(cpu_state.MSR_TSC)
+    tsc = cpu_state.for_arch(os.uname().machine).counter(state)
     if tsc is None:
-        raise SnapshotError("snapshot: KVM did not give the vCPU's TSC")
+        raise SnapshotError("snapshot: KVM did not give the vCPU's clock counter")
     devices = []
     for kind, device in vmm.devices:
         entry: dict[str, Any] = {"name": device.name, "handle": device.handle}
