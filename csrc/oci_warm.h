@@ -23,8 +23,9 @@
  * sends to the VM as well.
  *
  * A launcher that is not there (no socket, refused, not root's or ours)
- * or a container the warm path does not take (the launcher answers 501:
- * a net or block device, a pod sandbox) falls back to the cold create,
+ * a container the warm path does not take (the launcher answers 501: a
+ * net or block device, a pod sandbox) or a launcher at its limit or
+ * stopping (503) falls back to the cold create,
  * with one line in the shim's --log. An explicit "" or "none" annotation
  * asks for the cold path without a line.
  */
@@ -492,7 +493,8 @@ static void relay(struct warm_args *w, int report)
             snprintf(why, sizeof why, "the warm launcher %.900s closed without an answer", w->launcher);
         else
             answer_error(answer, status, why, sizeof why);
-        tell(report, status == 501 ? "cold" : "error", why);
+        /* 501: not for the warm path; 503: the launcher is full or stopping */
+        tell(report, status == 501 || status == 503 ? "cold" : "error", why);
         _exit(1);
     }
     long vm_pid = json_get_int(answer, answer + strlen(answer), "pid", -1);

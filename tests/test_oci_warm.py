@@ -177,7 +177,8 @@ def test_a_launcher_that_is_not_running_falls_back_to_the_cold_path(containerd, 
 # -- the runtime on its own, in a child subreaper as the shim is ----------------
 
 # argv[1]: the pyvmm-oci command prefix (JSON), argv[2]: the id, argv[3]: the
-# bundle, argv[4]: the socket. Prints one JSON line of what it saw.
+# bundle, argv[4]: the socket, argv[5]: "start" or "delete" (before any
+# start). Prints one JSON line of what it saw.
 SPLIT = r"""
 import ctypes, json, os, subprocess, sys, time
 ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
@@ -213,6 +214,17 @@ if vm is not None:
     seen["output_before_start"] = open(console).read()
     seen["cgroups"] = {"vm": cgroups(vm["pid"]), "relay": cgroups(relay)}
 seen["state_before_start"] = json.loads(run("state", cid)[1])["status"]
+if sys.argv[5] == "delete":  # deleted before its start: the relay and the VM go
+    seen["delete"] = run("delete", cid)[0]
+    seen["exit"] = os.waitstatus_to_exitcode(os.waitpid(relay, 0)[1])
+    for _ in range(100):  # (the launcher reaps it as it sees it end)
+        seen["vm_after"] = call(sock, "GET", f"/v1/vms/{vm['vm']}")[1]["state"]
+        if seen["vm_after"] == "exited":
+            break
+        time.sleep(0.05)
+    seen["output"] = open(console).read()
+    print(json.dumps(seen))
+    sys.exit(0)
 seen["start"] = run("start", cid)[0]
 seen["exit"] = os.waitstatus_to_exitcode(os.waitpid(relay, 0)[1])
 seen["output"] = open(console).read()
@@ -223,7 +235,7 @@ print(json.dumps(seen))
 """
 
 
-def _split(tmp_path: Path, cid: str, sock: str, log: Path) -> dict:
+def _split(tmp_path: Path, cid: str, sock: str, log: Path, then: str = "start") -> dict:
     bundle = tmp_path / "bundle"
     (bundle / "rootfs" / "unikernel").mkdir(parents=True)
     shutil.copy(guest("hello"), bundle / "rootfs" / "unikernel" / "hello.hvt")
@@ -239,7 +251,7 @@ def _split(tmp_path: Path, cid: str, sock: str, log: Path) -> dict:
     oci = [native_runtime(), "--root", str(root), "--log", str(log), "--log-format", "json"]
     try:
         done = subprocess.run(
-            [sys.executable, "-c", SPLIT, json.dumps(oci), cid, str(bundle), sock],
+            [sys.executable, "-c", SPLIT, json.dumps(oci), cid, str(bundle), sock, then],
             capture_output=True,
             text=True,
             timeout=120,
@@ -279,6 +291,17 @@ def test_the_guest_does_not_start_before_start(launcher, tmp_path):
         "delete": 0,
     }
     assert not log.exists() or log.read_text() == ""  # nothing to say
+
+
+@pytest.mark.skipif(is_v2(), reason="the host's cgroups are v2 (the v2 layout: unit tests)")
+def test_a_container_deleted_before_its_start_leaves_nothing(launcher, tmp_path):
+    """delete of a created container: the relay is killed, the held VM
+    with it (it is in the cgroup), its guest never ran; state and cgroup
+    go (checked in _split)."""
+    seen = _split(tmp_path, "split3", launcher.path, tmp_path / "log.json", then="delete")
+    assert seen["warm"] and seen["state_before_start"] == "created", seen
+    assert seen["delete"] == 0 and seen["exit"] == -signal.SIGKILL, seen
+    assert seen["vm_after"] == "exited" and seen["output"] == "", seen
 
 
 def test_a_killed_launcher_s_socket_gets_the_cold_path_and_a_line_in_the_log(tmp_path):
