@@ -12,6 +12,7 @@ kernel: a wrong size is ENOTTY, never a wrong copy).
 from __future__ import annotations
 
 import struct
+import sys
 from typing import TYPE_CHECKING
 
 from pyvmm._native import ffi, lib
@@ -213,6 +214,4 @@ def for_arch(machine: str):
         from pyvmm.vm.snapshot import vcpu_aarch64
 
         return vcpu_aarch64
-    import sys
-
     return sys.modules[__name__]
