@@ -462,7 +462,7 @@ static int cmd_delete(struct container *c, int force)
             if (errno != EBUSY || elapsed_ms(&t0) > EMPTY_TIMEOUT_MS)
                 return refuse("cannot remove the cgroup %s: %s", c->leaves[i], strerror(errno));
             signal_cgroup(c, SIGKILL);
-            usleep(10000);
+            usleep(1000); /* a killed VM takes a few ms to let go of its memory and KVM */
         }
     }
     for (int i = c->nmade - 1; i >= 0; i--) {
