@@ -471,6 +471,10 @@ def execute(
             if only_lines is not None:
                 lines = only_lines.get(path, set())
                 run.mutants = [m for m in run.mutants if m.line in lines]
+            for m in run.mutants:
+                if m.stale and m.id in equivalents:
+                    # Equivalent whatever the tests: no test can tell it apart.
+                    m.outcome, m.cached, m.stale = SURVIVED, True, False
             runs.append(run)
             cached = sum(m.cached for m in run.mutants)
             log(f"# {path}: {len(run.mutants)} mutants, {cached} known from the cache")
