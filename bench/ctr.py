@@ -12,6 +12,9 @@ every row once, the order rotating from round to round, so that no row
 always goes first; the first round warms the snapshots and the page cache
 and is not counted. Start to exit is `ctr run --rm` from fork to exit.
 
+containerd runs at log level debug: its stamps of the run's steps (the
+snapshot prepared, the container made, the shim started, the shim gone,
+the container deleted) split the time before create and after delete.
 Each round also runs every row once more, traced, for the breakdown:
 each call from fork to exit through a small wrapper binary (built here)
 that logs them, as the shim would see them, and for pyvmm-oci (cold and
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -34,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -177,8 +182,56 @@ def ctr_run(ctd: Containerd, row: Row, cid: str, runtime: str, options=()) -> tu
     return begin, end
 
 
+class ContainerdLog:
+    """containerd's debug log (wall-clock stamps, ns): where its own steps
+    of one run fall, on CLOCK_MONOTONIC."""
+
+    LINE = re.compile(r'time="([0-9T:.-]+)Z" level=\w+ msg="((?:[^"\\]|\\.)*)"(.*)')
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def offset(self) -> int:
+        return os.path.getsize(self.path)
+
+    @staticmethod
+    def _ns(stamp: str) -> int:
+        whole, _, frac = stamp.partition(".")
+        seconds = datetime.strptime(whole, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
+        return int(seconds) * 1_000_000_000 + int((frac + "000000000")[:9])
+
+    def steps(self, since: int, cid: str) -> dict[str, int]:
+        """The run's snapshot prepared, container made, shim started, shim
+        gone and container deleted; absent steps are left out."""
+        with open(self.path) as f:
+            f.seek(since)
+            text = f.read()
+        wall_to_mono = time.time_ns() - time.monotonic_ns()
+        found: dict[str, int] = {}
+        for line in text.splitlines():
+            m = self.LINE.match(line)
+            if m is None:
+                continue
+            at, msg, rest = self._ns(m.group(1)) - wall_to_mono, m.group(2), m.group(3)
+            if msg == "prepare snapshot" and f"key={cid} " in rest + " ":
+                found.setdefault("snapshot", at)
+            elif "topic=/containers/create" in rest and "snapshot" in found:
+                found.setdefault("container", at)
+            elif msg == "starting signal loop" and f"/{cid} " in rest:
+                found.setdefault("shim", at)
+            elif msg == "shim disconnected" and f"id={cid}" in rest:
+                found.setdefault("shim gone", at)
+            elif "topic=/containers/delete" in rest and "shim gone" in found:
+                found.setdefault("container deleted", at)
+        return found
+
+
 def breakdown(
-    calls: list[tuple[str, int, int]], begin: int, end: int, vm: dict[str, float] | None = None
+    calls: list[tuple[str, int, int]],
+    begin: int,
+    end: int,
+    vm: dict[str, float] | None = None,
+    steps: dict[str, int] | None = None,
 ) -> dict[str, float]:
     """A traced run's parts, ms: the calls, the VM's phases, and the time
     around them (containerd's, the shim's, ctr's, and the workload's where
@@ -189,7 +242,18 @@ def breakdown(
         raise SystemExit(f"the calls of a run: {[c[0] for c in calls]} (create, start, delete?)")
     (cb, ce), (sb, se), (db, de) = first["create"], first["start"], first["delete"]
     ms = 1e6
-    parts = {"ctr to create": (cb - begin) / ms, "create": (ce - cb) / ms}
+    steps = steps or {}
+    before = ("snapshot", "container", "shim")
+    if all(k in steps for k in before) and begin <= steps["snapshot"] <= steps["shim"] <= cb:
+        parts = {
+            "ctr to the snapshot": (steps["snapshot"] - begin) / ms,
+            "snapshot to the container": (steps["container"] - steps["snapshot"]) / ms,
+            "container to the shim": (steps["shim"] - steps["container"]) / ms,
+            "shim to create (rootfs mount)": (cb - steps["shim"]) / ms,
+        }
+    else:
+        parts = {"ctr to create": (cb - begin) / ms}
+    parts["create"] = (ce - cb) / ms
     parts["create to start"] = (sb - ce) / ms
     parts["start"] = (se - sb) / ms
     between = (db - se) / ms
@@ -198,7 +262,15 @@ def breakdown(
         between -= sum(vm.values())
     parts["start to delete" if vm is None else "start to delete, less the VM"] = between
     parts["delete"] = (de - db) / ms
-    parts["delete to exit"] = (end - de) / ms
+    after = ("shim gone", "container deleted")
+    if all(k in steps for k in after) and de <= steps["shim gone"] <= steps["container deleted"]:
+        parts["delete to the shim's end"] = (steps["shim gone"] - de) / ms
+        parts["shim's end to container deleted"] = (
+            steps["container deleted"] - steps["shim gone"]
+        ) / ms
+        parts["container deleted to ctr's exit"] = (end - steps["container deleted"]) / ms
+    else:
+        parts["delete to exit"] = (end - de) / ms
     others = [(e - b) / ms for name, b, e in calls if (b, e) not in first.values()]
     parts["other calls (in the gaps)"] = sum(others)
     return parts
@@ -275,6 +347,10 @@ def report(rows: list[Row], pairs: int, warm_note: str | None) -> None:
         print(f"warm: not available ({warm_note})")
     order = [
         "ctr to create",
+        "ctr to the snapshot",
+        "snapshot to the container",
+        "container to the shim",
+        "shim to create (rootfs mount)",
         "create",
         "create: interpreter start",
         "create: its exit, after its span",
@@ -285,6 +361,9 @@ def report(rows: list[Row], pairs: int, warm_note: str | None) -> None:
         "start to delete, less the VM",
         "delete",
         "delete to exit",
+        "delete to the shim's end",
+        "shim's end to container deleted",
+        "container deleted to ctr's exit",
         "other calls (in the gaps)",
     ]
     keys = [k for k in order if any(k in p for row in rows for p in row.parts)]
@@ -311,7 +390,7 @@ def main() -> int:
     find_tool("containerd-shim-runc-v2")
     runc = find_tool("runc")
     work = Path(tempfile.mkdtemp(prefix="bench-ctr-"))
-    ctd = Containerd(str(native))
+    ctd = Containerd(str(native), log_level="debug")  # its steps' stamps, for the breakdown
     launcher = None
     warm_note = "--no-warm" if opts.no_warm else None
     try:
@@ -321,6 +400,7 @@ def main() -> int:
         ctd.ctr("image", "import", str(archive))
         static = images.static_image(images.HELLO_C, "hello", images.HELLO_REF, work)
         ctd.ctr("image", "import", str(static))
+        ctd_log = ContainerdLog(os.path.join(ctd.dir, "containerd.log"))
         traces = work / "traces"
         traces.mkdir(mode=0o700)
         runc_log, warm_log = work / "runc-calls.log", work / "warm-calls.log"
@@ -357,13 +437,15 @@ def main() -> int:
                 traced = row.ref == HELLO  # pyvmm-oci keeps the timeline, cold or warm
                 options = ("--annotation", f"{timeline.ANNOTATION}={traces}") if traced else ()
                 runtime, log = wrapped[row.name]
+                since = ctd_log.offset()
                 t_begin, t_end = ctr_run(ctd, row, cid + "t", runtime, options)
+                steps = ctd_log.steps(since, cid + "t")
                 vm = None
                 if traced:
                     vm, create_span, interpreter = timeline_parts(
                         traces / f"{cid}t{timeline.SUFFIX}"
                     )
-                parts = breakdown(wrapped_calls(log), t_begin, t_end, vm)
+                parts = breakdown(wrapped_calls(log), t_begin, t_end, vm, steps)
                 if row.name == COLD:
                     parts["create: its exit, after its span"] = parts["create"] - create_span
                     parts["create: interpreter start"] = interpreter

@@ -39,7 +39,16 @@ def test_one_round_gives_every_row_and_its_breakdown():
     for row in ("pyvmm-oci cold", "pyvmm-oci warm", "runc, static hello"):
         assert f"\n{row} " in table, out
     lines = {line.split("  ")[0]: line.split() for line in breakdown.splitlines() if line}
-    for part in ("create", "start", "delete", "ctr to create", "delete to exit"):
+    for part in (
+        "ctr to the snapshot",  # containerd's steps, from its debug log
+        "container to the shim",
+        "shim to create (rootfs mount)",
+        "create",
+        "start",
+        "delete",
+        "delete to the shim's end",
+        "container deleted to ctr's exit",
+    ):
         cells = lines[part][-3:]
         assert all(cell != "-" for cell in cells), (part, cells)
     # The VM's phases: the cold VM's interpreter, the warm VM's hand-over.
