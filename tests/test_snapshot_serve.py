@@ -81,6 +81,10 @@ def waiting_snapshot(launcher, tmp_path_factory):
     answer = snapshot(launcher, vm, tmp / "snap", stop=True)
     end = ended(launcher, vm["id"])
     assert end["exit_status"] == 0, end
+    assert (
+        end["error"]
+        == f'pyvmm: snapshot written to {tmp / "snap"}; the run ends there ("stop": true)'
+    )
     return tmp / "snap", out.read_text(), answer
 
 

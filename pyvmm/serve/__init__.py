@@ -11,7 +11,8 @@ shared copy-on-write between VMs. Modules: ``http`` (the little HTTP),
 loop and the API), ``limits`` (what it takes on), ``peer`` (who may talk
 to whom), ``events`` (what a VM's process may say), ``relay`` (a VM's
 lines in the log), ``vms`` (request -> plan -> fork), ``child`` (the VM's
-process), ``warm`` (what is done once), ``client``.
+process), ``snapshot`` (a running VM's snapshot, split at the sandbox's
+line), ``warm`` (what is done once), ``client``.
 This module imports none of them until a subcommand needs it, so that
 ``pyvmm run`` stays a small client.
 """

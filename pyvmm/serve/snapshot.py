@@ -59,7 +59,7 @@ from pyvmm.vm.snapshot.format import (
     seal,
     write_all,
 )
-from pyvmm.vm.snapshot.writer import KICK, SnapshotStop, check_snapshottable, metadata
+from pyvmm.vm.snapshot.writer import KICK, check_snapshottable, metadata
 
 if TYPE_CHECKING:
     from pyvmm.vm.vmm import Vmm
@@ -76,6 +76,15 @@ WRITE_TIMEOUT = 600.0
 
 
 # -- in the VM's process -------------------------------------------------------
+
+
+class SnapshotStop(PyvmmError):
+    """``"stop": true``: the run ends once its snapshot is written, with
+    status 0 (one line says so)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f'snapshot written to {path}; the run ends there ("stop": true)')
+        self.exit_status = 0
 
 
 class Snapshotter:
