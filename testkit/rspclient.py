@@ -51,7 +51,10 @@ class RawClient:
                 self.buffer = self.buffer[match.end() :]
                 body = match.group(1)
                 assert int(match.group(2), 16) == sum(body) & 0xFF
-                self.send(b"+")
+                try:
+                    self.send(b"+")
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # a last packet (W, X): the stub has closed already
                 return body
             self._fill()
 
