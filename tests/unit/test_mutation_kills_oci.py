@@ -1,6 +1,7 @@
-"""An edge of the OCI bundle parser that the mutation run found untested:
+"""Edges of the OCI bundle parser that the mutation run found untested:
 a bundle that names no network namespace, or one by its path, asks for no
-new one (only a network entry without a path does)."""
+new one (only a network entry without a path does); a string quoted in a
+message is marked as cut only when it was."""
 
 from __future__ import annotations
 
@@ -39,3 +40,15 @@ def _bundle(tmp_path, namespaces):
 def test_only_a_network_entry_without_a_path_asks_for_a_new_namespace(tmp_path, namespaces, new):
     with read_bundle(_bundle(tmp_path, namespaces)) as kernel:
         assert kernel.new_netns is new
+
+
+def test_a_quoted_string_is_cut_with_an_ellipsis_only_past_the_limit():
+    """An image's string in a message: escaped when not printable, and
+    marked as cut only when something was cut (SHOWN characters fit)."""
+    from pyvmm.oci.bundle import SHOWN, shown
+
+    whole = "\n" + "a" * (SHOWN - 1)
+    assert shown(whole) == "\\n" + "a" * (SHOWN - 1)
+    assert shown(whole + "b") == "\\n" + "a" * (SHOWN - 1) + "..."
+    assert shown("a" * SHOWN) == "a" * SHOWN
+    assert shown("a" * (SHOWN + 1)) == "a" * SHOWN + "..."
