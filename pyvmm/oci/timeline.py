@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import time
 
 #: The annotation, the environment variable and the files.
@@ -113,8 +114,6 @@ def requested(annotations: object, environ: dict[str, str] | None = None) -> str
         st = os.lstat(value)
     except OSError as err:
         raise TimelineError(f"{where}: {value}: {err.strerror}") from None
-    import stat
-
     if not stat.S_ISDIR(st.st_mode):
         raise TimelineError(f"{where}: {value} is not a directory (a link is not followed)")
     return os.path.normpath(value)
