@@ -75,10 +75,10 @@ def _stat(pid: int | str) -> tuple[str, list[str]] | None:
     """The command name and the fields after it of /proc/PID/stat."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode(errors="replace")
+            text = f.read().decode(errors="replace")
     except OSError:
         return None
-    return stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+    return text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
 
 
 def call_begin() -> int:
