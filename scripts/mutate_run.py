@@ -370,7 +370,13 @@ def changed_line(original: str, mutated: str) -> tuple[str, str]:
 def run_mutant(repo: Path, env: dict[str, str], run: FileRun, mutant: Mutant, timeout: float):
     target = repo / run.path
     original = target.read_text()
-    mutated = mutant.apply(original)
+    try:
+        mutated = mutant.apply(original)
+    except Exception as error:  # noqa: BLE001 - cosmic-ray fails on a few nodes of its own
+        mutant.outcome = STILLBORN
+        mutant.by = f"the mutator cannot make it ({type(error).__name__}: {error})"[:200]
+        save(run, mutant, "")
+        return
     before, after = changed_line(original, mutated)
     mutant.after = mutant.after or after
     try:

@@ -136,3 +136,19 @@ def test_a_base_the_clone_does_not_have_is_one_clear_error() -> None:
         mutate_run.check_base("0" * 40)
     with pytest.raises(RuntimeError, match="no commit in this clone"):
         mutate_run.check_base("")
+
+
+def test_a_mutant_the_mutator_cannot_make_is_stillborn_not_a_crash(tmp_path) -> None:
+    """cosmic-ray raises on a few nodes of its own (an exception handler's
+    type it cannot rewrite): that mutant is stillborn and the run goes on."""
+    (tmp_path / "x.c").write_text("int x;\n")
+
+    def refuse(text: str) -> str:
+        raise AttributeError("'PythonNode' object has no attribute 'value'")
+
+    run = mutate_run.FileRun("x.c", ("tests/x.py",), True, store=tmp_path / "x.json")
+    mutant = mutate_run.Mutant("x.c:drop:0:0", "x.c", 1, "drop", refuse, "int x;")
+    mutate_run.run_mutant(tmp_path, {}, run, mutant, timeout=1)
+    assert mutant.outcome == mutate_run.STILLBORN and "cannot make it" in mutant.by
+    assert (tmp_path / "x.c").read_text() == "int x;\n"
+    assert "stillborn" in (tmp_path / "x.json").read_text()
