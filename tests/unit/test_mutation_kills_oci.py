@@ -1,7 +1,8 @@
 """Edges of the OCI bundle parser that the mutation run found untested:
 a bundle that names no network namespace, or one by its path, asks for no
 new one (only a network entry without a path does); a string quoted in a
-message is marked as cut only when it was."""
+message is marked as cut only when it was; a FIFO named as a disk is
+refused without being opened for reading."""
 
 from __future__ import annotations
 
@@ -52,3 +53,37 @@ def test_a_quoted_string_is_cut_with_an_ellipsis_only_past_the_limit():
     assert shown(whole + "b") == "\\n" + "a" * (SHOWN - 1) + "..."
     assert shown("a" * SHOWN) == "a" * SHOWN
     assert shown("a" * (SHOWN + 1)) == "a" * SHOWN + "..."
+
+
+def test_a_fifo_as_a_disk_is_refused_without_waiting_for_a_writer(tmp_path):
+    """A block mount's source is opened as a path (O_PATH) and checked
+    before it is opened for I/O: opening a FIFO to read would wait for a
+    writer that never comes. Bounded by an alarm, so a regression fails."""
+    import os
+    import signal
+
+    from test_oci_bundle import make_bundle
+
+    from pyvmm.oci.bundle import BundleError
+
+    fifo = tmp_path / "disk.fifo"
+    os.mkfifo(fifo)
+    bundle = make_bundle(
+        tmp_path / "b",
+        "blocktest",
+        annotations={"org.pyvmm.unikernel.block.storage": "/data/disk.img"},
+        mounts=[{"destination": "/data/disk.img", "type": "bind", "source": str(fifo)}],
+    )
+
+    def waited(*_):
+        raise TimeoutError("the FIFO was opened for reading")
+
+    old = signal.signal(signal.SIGALRM, waited)
+    signal.setitimer(signal.ITIMER_REAL, 5)
+    try:
+        with pytest.raises(BundleError, match="is not a regular file or block device"):
+            with read_bundle(str(bundle)):
+                pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
