@@ -142,9 +142,10 @@ def test_a_register_written_in_gdb_is_the_guests(session, mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_sse_and_x87_registers_are_the_guests_and_a_written_xmm_reaches_it(session, mode):
     """gdbtarget loads known patterns into xmm0/xmm1 and stops in
-    sse_mark(): gdb reads them (KVM_GET_FPU) and its write to xmm1
-    (KVM_SET_FPU) is what the guest then stores and prints; the x87 state
-    is the reset one, and st0 written reads back."""
+    sse_mark(): gdb reads them (KVM_GET_XSAVE) and its write to xmm1
+    (KVM_SET_XSAVE) is what the guest then stores and prints; the x87 and
+    MXCSR state is the reset one (KVM_GET_FPU would say MXCSR 0), and st0
+    and mxcsr written read back."""
     s = session(guest("gdbtarget"), mode)
     out = s.gdb(
         "break sse_mark",
@@ -154,6 +155,8 @@ def test_sse_and_x87_registers_are_the_guests_and_a_written_xmm_reaches_it(sessi
         "info registers fctrl fstat ftag mxcsr",
         "set var $st0 = 2.5",
         "p $st0",
+        "set var $mxcsr = 0x9fc0",
+        "p/x $mxcsr",
         "set var $xmm1.v4_int32 = {0xcafe, 0xbeef, 0x1234, 0x5678}",
         "continue",
     )
@@ -165,7 +168,9 @@ def test_sse_and_x87_registers_are_the_guests_and_a_written_xmm_reaches_it(sessi
     assert re.search(r"^fctrl +0x37f", out, re.M), out  # FNINIT's state
     assert re.search(r"^fstat +0x0", out, re.M), out
     assert re.search(r"^ftag +0xffff", out, re.M), out  # every register empty
+    assert re.search(r"^mxcsr +0x1f80 +\[ IM DM ZM OM UM PM \]", out, re.M), out  # reset
     assert "$2 = 2.5" in out, out
+    assert "$3 = 0x9fc0" in out, out
     assert "gdbtarget: xmm1 cafe beef 1234 5678" in stdout, stdout + stderr
     assert status == 1, stderr
 

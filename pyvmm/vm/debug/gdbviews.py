@@ -7,7 +7,7 @@ the vCPU's registers (level 0, and deprivileged when the guest stopped in
 its own code), the trap frame's (deprivileged, stopped in pyvmm's trap
 stub: rip, rsp, rflags, cs and ss are the CPU's frame on the trap stack)
 and a faulted guest's, read-only. The x87 and SSE registers are the
-vCPU's in every view (KVM_GET_FPU: pyvmm's trap stubs touch none).
+vCPU's in every view (KVM's XSAVE area: pyvmm's trap stubs touch none).
 """
 
 from __future__ import annotations

@@ -89,6 +89,6 @@ def fp_note(vcpu: Vcpu, regs: dict[str, int]) -> bytes | None:
     try:
         if MACHINE == "aarch64":
             return guestregs.fpsimd(regs if "v0" in regs else guestregs.read_fp(vcpu))
-        return fpu.fxsave(fpu.get(vcpu))
+        return fpu.get(vcpu)  # the FXSAVE image is user_i387_struct
     except KvmError:
         return None
