@@ -1,7 +1,9 @@
 """Edges of the seccomp filter's builder (csrc/sandbox.c) that the mutation
 run found untested: a program larger than the caller's buffer is -ENOSPC,
-not a silent empty filter, building leaves no descriptor behind, and the
-self-test calls the syscalls by their numbers in the kernel headers."""
+not a silent empty filter, building leaves no descriptor behind, the
+self-test calls the syscalls (and madvise) by their numbers in the kernel
+headers; and around the filter: --trace's start read before it, only when
+tracing, and a refused --user switch is one line."""
 
 from __future__ import annotations
 
@@ -53,3 +55,63 @@ def test_the_self_tests_syscall_numbers_are_the_kernel_headers(arch: str) -> Non
         found = re.search(rf"^#define __NR_{name}\s+(\d+)\s*$", text, re.M)
         assert found, (arch, name)
         assert int(found.group(1)) == number, (arch, name)
+
+
+def test_the_self_tests_other_numbers_are_the_kernel_headers() -> None:
+    """madvise's MADV_HWPOISON, which the self-test asks for by number."""
+    from pyvmm.host import sandbox
+
+    text = Path("/usr/include/asm-generic/mman-common.h").read_text()
+    found = re.search(r"^#define MADV_HWPOISON\s+(\d+)", text, re.M)
+    assert found and int(found.group(1)) == sandbox._MADV_HWPOISON
+
+
+def test_the_trace_start_is_read_before_the_filter_only_when_tracing(monkeypatch) -> None:
+    """--trace's timeline needs the process start from /proc/self/stat,
+    which the filter would refuse later: read before it, only with --trace
+    and only when the native launcher did not say it."""
+    from pyvmm.common import trace
+    from pyvmm.host import sandbox
+
+    monkeypatch.setattr(trace, "_stat_start_ns", 0)
+    monkeypatch.setattr(trace, "start_ns", 0)
+    monkeypatch.setattr(trace, "enabled", False)
+    sandbox._before_the_filter()
+    assert trace._stat_start_ns == 0
+    monkeypatch.setattr(trace, "enabled", True)
+    sandbox._before_the_filter()
+    assert trace._stat_start_ns > 0
+    monkeypatch.setattr(trace, "_stat_start_ns", 0)
+    monkeypatch.setattr(trace, "start_ns", 1)
+    sandbox._before_the_filter()
+    assert trace._stat_start_ns == 0
+
+
+def test_a_user_switch_the_kernel_refuses_is_one_line() -> None:
+    """--user when the switch fails (here: a child that already gave up
+    root asks for root back) is a HostError with the reason, no traceback."""
+    from pyvmm.common.errors import HostError
+    from pyvmm.host.sandbox import drop_privileges
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 3
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                drop_privileges("root")
+            except HostError as err:
+                os.write(write, str(err).encode())
+                code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        said = pipe.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, said
+    assert said == "--user=root: cannot switch user: Operation not permitted"
