@@ -111,6 +111,28 @@ def test_the_guest_s_exit_status_comes_through_the_relay(containerd, launcher):
     assert containerd.containers() == []
 
 
+def test_the_next_container_of_an_image_takes_a_vm_prepared_ahead(containerd, launcher):
+    """Once a container's VM runs, the launcher prepares the next one for
+    the same image and command line (a child of the launcher's, waiting);
+    the next create takes that process, and it runs as the first did."""
+    children = Path(f"/proc/{launcher.proc.pid}/task/{launcher.proc.pid}/children")
+    waiting: set[int] = set()
+    for cid in ("warm5a", "warm5b"):
+        before = launcher.vms()
+        done = containerd.run(ref("hello"), cid, options=warm(launcher))
+        assert done.returncode == 0 and "Hello, world" in done.stdout, done.stderr
+        vm = the_new_vm(launcher, before)
+        assert vm["exit_status"] == 0, vm
+        deadline = time.monotonic() + 10
+        while not waiting and cid == "warm5a":  # the one prepared ahead
+            waiting = {int(pid) for pid in children.read_text().split()}
+            assert time.monotonic() < deadline, "no VM was prepared ahead"
+            time.sleep(0.05)
+    assert vm["pid"] in waiting, (vm, waiting)  # warm5b's VM is the one prepared ahead
+    assert containerd.containers() == []
+    assert _cgroup_dirs("/default/warm5b") == []
+
+
 def _cpu_ns(path: str) -> int:
     with open(os.path.join(DEFAULT_ROOT, "cpuacct", path.lstrip("/"), "cpuacct.usage")) as f:
         return int(f.read())

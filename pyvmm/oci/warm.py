@@ -88,6 +88,47 @@ class WarmContainer:
         argv = pyvmm_argv(kernel, None, None, verbose=debug, trace=trace)
         self.argv = argv[len(pyvmm_command()) :]
 
+    def pool_key(self) -> tuple | None:
+        """What a VM prepared ahead must share with this container's to be
+        its: the unikernel's bytes (their digest: each container's rootfs
+        is a mount of its own) and pyvmm's command line but the kernel's
+        path; None for a VM that is the container's alone (its --trace)."""
+        import hashlib
+
+        at = self.argv.index("--")
+        options, args = self.argv[:at], self.argv[at + 2 :]
+        if any(option.startswith("--trace") for option in options):
+            return None
+        digest, offset = hashlib.sha256(), 0
+        while chunk := os.pread(self.kernel.fd, 1 << 20, offset):
+            digest.update(chunk)
+            offset += len(chunk)
+        return (digest.hexdigest(), tuple(options), tuple(args))
+
+    def image_copy(self) -> int:
+        """The unikernel's bytes in a sealed memfd of the launcher's own: a
+        pool's VMs outlive this container, and a descriptor of its rootfs
+        would keep the rootfs's mount busy (containerd could not unmount it)."""
+        import fcntl
+
+        fd = os.memfd_create("pyvmm-oci-image", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            offset = 0
+            while chunk := os.pread(self.kernel.fd, 1 << 20, offset):
+                os.write(fd, chunk)
+                offset += len(chunk)
+            seals = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def pool_argv(self, fd: int) -> list[str]:
+        """This command line with the unikernel at the launcher's ``fd``."""
+        at = self.argv.index("--")
+        return [*self.argv[: at + 1], f"/proc/self/fd/{fd}", *self.argv[at + 2 :]]
+
     def close(self) -> None:
         """The launcher's descriptors of the unikernel: its plan has read it."""
         self.kernel.close()

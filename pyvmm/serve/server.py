@@ -96,6 +96,23 @@ class Pool:
         }
 
 
+class ContainerPool:
+    """A VM prepared ahead for the next container of an image and command
+    line (pyvmm-oci's warm path): made once one such container's VM runs,
+    taken by the next create that matches. ``fd``: the launcher's own
+    descriptor of the unikernel, which the pool's command line names."""
+
+    def __init__(self, key: tuple, fd: int, argv: list[str]) -> None:
+        self.key, self.fd, self.argv = key, fd, argv
+        self.ready: list[Vm] = []
+        self.preparing: list[Vm] = []
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 class Conn:
     """One client connection: a request in, one response out."""
 
@@ -140,6 +157,8 @@ class Launcher:
         #: Containers whose create failed after their VM's fork: their
         #: state and cgroup go once the VM is reaped.
         self.held: dict[int, Any] = {}
+        #: VMs prepared ahead for containers, by image and command line.
+        self.container_pools: dict[tuple, ContainerPool] = {}
         #: The last create's command line and directory (``_rehearse``).
         self._last_create: dict[str, Any] | None = None
         self.stopping = 0
@@ -281,6 +300,8 @@ class Launcher:
                     conn.sock.sendall(conn.out)
             conn.close()
         self.listener.close()
+        for ahead in self.container_pools.values():
+            ahead.close()
         if not self.stopping:
             self._unlink()
         self._wake_r.close()
@@ -645,17 +666,21 @@ class Launcher:
         except oci_warm.Refused as err:  # 501: not for the warm path, the cold one will do
             raise HttpError(501 if err.cold else 400, str(err)) from None
         try:
-            prepared = prepare({"argv": container.argv}, [], self.facts)
-            prepared.spec.pooled = True  # set up to its first instruction, then waits
-            vm = spawn(vm_id, prepared, arrived, self.close_in_child)
+            key = container.pool_key()
+            vm = self._take_prepared(key, vm_id, arrived)
+            if vm is None:
+                prepared = prepare({"argv": container.argv}, [], self.facts)
+                prepared.spec.pooled = True  # set up to its first instruction, then waits
+                vm = spawn(vm_id, prepared, arrived, self.close_in_child)
+                self._track(vm)
+                self._container_pool(key, container)
         except BaseException:
             container.remove()
             raise
         finally:
             container.close()  # the unikernel's descriptor: read, and the child keeps none
-        vm.pooled = True
+        vm.pooled, vm.refill = True, ("container", key) if key is not None else None
         self.vms[vm.id] = vm
-        self._track(vm)
         try:  # at once: what the child touches from now on is the container's
             container.join(vm.pid)
             container.ready(vm.id, vm.pid, relay)
@@ -666,6 +691,49 @@ class Launcher:
             raise HttpError(400, str(err)) from None
         self.startable[vm.pid] = None
         return 201, vm.view()
+
+    def _take_prepared(self, key: tuple | None, vm_id: str, arrived: int) -> Vm | None:
+        """A VM prepared ahead for this image and command line, if one is ready."""
+        pool = self.container_pools.get(key) if key is not None else None
+        if pool is None or not pool.ready:
+            return None
+        vm = pool.ready.pop(0)
+        vm.id, vm.listed, vm.pool, vm.arrived_ns = vm_id, True, None, arrived
+        return vm
+
+    def _container_pool(self, key: tuple | None, container: Any) -> None:
+        """The pool for this image and command line (filled once its first
+        container's VM runs; the oldest pool goes past --max-pools)."""
+        if key is None or key in self.container_pools:
+            return
+        if len(self.container_pools) >= self.limits.max_pools:
+            self._end_container_pool(next(iter(self.container_pools)))
+        fd = container.image_copy()
+        self.container_pools[key] = ContainerPool(key, fd, container.pool_argv(fd))
+
+    def _end_container_pool(self, key: tuple) -> None:
+        pool = self.container_pools.pop(key)
+        for vm in pool.ready + pool.preparing:
+            self._signal(vm, signal.SIGTERM)
+        pool.close()
+
+    def _fill_container_pool(self, key: tuple) -> None:
+        """Prepare the pool's VM (one at a time, not while stopping, nor past
+        --max-vms: then the next container forks its own)."""
+        pool = self.container_pools.get(key)
+        if self.stopping or pool is None or pool.ready or pool.preparing:
+            return
+        try:
+            self._room_for_a_vm()
+            prepared = prepare({"argv": pool.argv}, [], self.facts)
+            prepared.spec.pooled = True
+            vm_id = f"pool:{next(self._pool_ids)}"
+            vm = spawn(vm_id, prepared, time.monotonic_ns(), self.close_in_child)
+        except HttpError:
+            return  # (the image changed, no room): the next container forks its own
+        vm.listed, vm.pool = False, ("container", key)
+        pool.preparing.append(vm)
+        self._track(vm)
 
     def _start_held(self, conn: Conn, vm: Vm, req: Request) -> None:
         """POST /vms/ID/start: a container's VM gets its console (the fds
@@ -707,12 +775,19 @@ class Launcher:
 
     # -- pools ---------------------------------------------------------------------
 
+    def _container_pool_of(self, vm: Vm) -> ContainerPool | None:
+        if vm.pool is None or vm.pool[0] != "container":
+            return None
+        return self.container_pools.get(vm.pool[1])
+
     def _delete_pools(self) -> tuple[int, Any]:
         for pool in self.pools.values():
             for vm in pool.ready + pool.preparing:
                 self._signal(vm, signal.SIGTERM)
                 self._after(STOP_GRACE, lambda v=vm: self._signal(v, signal.SIGKILL))
         self.pools.clear()
+        for key in list(self.container_pools):
+            self._end_container_pool(key)
         return 200, {"pools": []}
 
     def _pool(self, req: Request) -> tuple[int, Any]:
@@ -811,6 +886,9 @@ class Launcher:
     def _refill(self, vm: Vm) -> None:
         """A pooled VM has started (or failed to): prepare the next one."""
         key, vm.refill = vm.refill, None
+        if key is not None and key[0] == "container":
+            self._fill_container_pool(key[1])
+            return
         pool = self.pools.get(key) if key is not None else None
         if pool is not None:
             self._fill(pool)
@@ -975,6 +1053,11 @@ class Launcher:
                 pool.preparing.remove(vm)
                 pool.ready.append(vm)
                 vm.state = "ready"
+            ahead = self._container_pool_of(vm)
+            if ahead is not None and vm in ahead.preparing:
+                ahead.preparing.remove(vm)
+                ahead.ready.append(vm)
+                vm.state = "ready"
             if vm.pid in self.startable:
                 vm.state = "ready"
                 if self.startable[vm.pid] is not None:  # its start came first
@@ -1031,6 +1114,16 @@ class Launcher:
             vm.channel.close()
         self._close_relay(vm)
         del self.live[vm.pid]
+        asked = self.startable.pop(vm.pid, None)
+        if asked is not None:  # a start that came before it was prepared
+            _close_fds(asked[1])
+        failed = self.held.pop(vm.pid, None)
+        if failed is not None:  # a container whose create failed: its state goes
+            failed.remove()
+        ahead = self._container_pool_of(vm)
+        for waiting in (ahead.ready, ahead.preparing) if ahead is not None else ():
+            if vm in waiting:
+                waiting.remove(vm)
         if vm.snapshot is not None:
             self._snapshot_failed(vm, 409, f"VM {vm.id} ended before its snapshot was taken")
         pool = self.pools.get(vm.pool) if vm.pool else None
