@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import time
-import weakref
 from typing import TYPE_CHECKING
 
 from pyvmm.common import trace
@@ -79,23 +78,6 @@ def _plan_options(path: str, saved: object) -> dict[str, object]:
 
 def refuse(path: str, why: str) -> SnapshotError:
     return SnapshotError(f"--restore: {path}: {why}")
-
-
-#: id(kernel) -> (the kernel, weakly; its identity's SHA-256): a launcher
-#: checks every restore of a unikernel it keeps read, and hashing its loaded
-#: bytes again each time cost 30 ms for 4 MiB of them here.
-_IDENTITIES: dict[int, tuple[weakref.ref, str]] = {}
-
-
-def _kernel_sha256(kernel: Kernel) -> str:
-    known = _IDENTITIES.get(id(kernel))
-    if known is not None and known[0]() is kernel:
-        return known[1]
-    digest = kernel_identity(kernel)["sha256"]
-    for key in [k for k, (ref, _) in _IDENTITIES.items() if ref() is None]:
-        del _IDENTITIES[key]
-    _IDENTITIES[id(kernel)] = (weakref.ref(kernel), digest)
-    return digest
 
 
 class Restore:
@@ -201,7 +183,8 @@ class Restore:
         if plan is self.checked:  # checked already, by the launcher before its fork
             return
         path = self.path
-        if _kernel_sha256(plan.kernel) != self.kernel_sha256:
+        # (hashed once per loaded kernel: a launcher checks many restores of one)
+        if kernel_identity(plan.kernel)["sha256"] != self.kernel_sha256:
             raise refuse(
                 path,
                 f"{plan.kernel.path} is not the unikernel the snapshot was taken of (changed?)",
