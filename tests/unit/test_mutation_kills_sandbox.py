@@ -115,3 +115,14 @@ def test_a_user_switch_the_kernel_refuses_is_one_line() -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, said
     assert said == "--user=root: cannot switch user: Operation not permitted"
+
+
+def test_a_program_that_cannot_be_bound_is_one_line_with_the_reason() -> None:
+    from pyvmm.common.errors import HostError
+    from pyvmm.host import sandbox
+
+    with pytest.raises(HostError) as caught:
+        sandbox.bound(vm_fd=-1, vcpu_fd=-1)
+    assert str(caught.value) == (
+        "cannot install the sandbox (seccomp): Bad file descriptor (--no-sandbox runs without)"
+    )
