@@ -126,3 +126,39 @@ def test_a_program_that_cannot_be_bound_is_one_line_with_the_reason() -> None:
     assert str(caught.value) == (
         "cannot install the sandbox (seccomp): Bad file descriptor (--no-sandbox runs without)"
     )
+
+
+def test_the_filter_lets_the_two_terminal_queries_through_on_any_fd() -> None:
+    """isatty's TCGETS and --stats=live's TIOCGWINSZ pass the loaded filter
+    on any descriptor (here a pty made before it); another request there
+    is refused. In a child: a filter cannot be taken off."""
+    import fcntl
+    import termios
+
+    from pyvmm.host import sandbox
+
+    prog = sandbox.bound(vm_fd=0, vcpu_fd=0)
+    main, tty = os.openpty()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        said = b"load failed"
+        try:
+            if lib.pyvmm_sandbox_load(ffi.from_buffer(prog), len(prog)) == 0:
+                said = b""
+                for request in (termios.TCGETS, termios.TIOCGWINSZ, termios.FIONREAD):
+                    try:
+                        fcntl.ioctl(tty, request, bytes(64))
+                        said += b"ok "
+                    except OSError as err:
+                        said += errno.errorcode[err.errno].encode() + b" "
+            os.write(write, said)
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        said = pipe.read().decode()
+    os.waitpid(pid, 0)
+    os.close(main)
+    os.close(tty)
+    assert said.split() == ["ok", "ok", "EPERM"]
