@@ -341,6 +341,12 @@ def report(rows: list[Row], pairs: int, warm_note: str | None) -> None:
             f"{row.name:<28}{f'{median:.1f} ({p90:.1f})':>18}{median / runc_median:>15.2f}"
             f"{f'{tmed:.1f} ({tp90:.1f})':>18}"
         )
+    for row in rows:  # the goals: warm no slower than runc, cold at most 1.5x
+        goal = {COLD: 1.5, "pyvmm-oci warm": 1.0}.get(row.name)
+        if goal is not None:
+            ratio = statistics.median(row.totals) / runc_median
+            verdict = "met" if ratio <= goal else "missed"
+            print(f"{row.name}: {ratio:.2f}x runc against a goal of <= {goal}x: {verdict}")
     if warm_note == "--no-warm":
         print("warm: left out (--no-warm)")
     elif warm_note:
