@@ -175,7 +175,10 @@ def ctr_run(ctd: Containerd, row: Row, cid: str, runtime: str, options=()) -> tu
         row.ref, cid, options=row.options + tuple(options), runtime=runtime, runc_root=row.root
     )
     begin = time.monotonic_ns()
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"{row.name}: ctr run did not end within 120 s") from None
     end = time.monotonic_ns()
     if done.returncode != 0 or OUTPUT not in done.stdout:
         raise SystemExit(f"{row.name}: ctr run: {done.returncode}: {done.stderr.strip()[-500:]}")
@@ -470,5 +473,20 @@ def main() -> int:
     return 0
 
 
+class Stopped(Exception):
+    """SIGTERM or SIGHUP: the clean-up in main's finally runs."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _stop)
+    try:
+        sys.exit(main())
+    except (KeyboardInterrupt, Stopped) as err:
+        sys.exit(
+            f"bench/ctr.py: stopped ({err or 'SIGINT'}); containerd and the launcher taken down"
+        )
