@@ -329,6 +329,19 @@ def test_the_snapshot_route_answers_as_the_openapi_document_says(
     api("POST", "/v1/vms", {"restore": str(tmp_path / "s"), "wait": True}, expect=200)
     assert ("POST", "/vms/{id}/snapshot") in api.seen
 
+    # The requests' own bodies, as the document describes them.
+    from openapi_schema_validator import OAS31Validator
+
+    def valid(schema: str, body: dict) -> bool:
+        ref = {"$ref": f"#/components/schemas/{schema}", "components": api.doc["components"]}
+        return OAS31Validator(ref).is_valid(body)
+
+    assert valid("CreateVm", {"restore": str(tmp_path / "s"), "wait": True})
+    assert valid("CreateVm", {"restore": "s", "argv": ["--block:disk=d.img"]})
+    assert valid("CreateVm", {"argv": ["x.hvt"]}) and not valid("CreateVm", {"wait": True})
+    assert valid("CreatePool", {"restore": "s", "size": 2}) and not valid("CreatePool", {})
+    assert valid("Snapshot", {"dir": "/s", "stop": True}) and not valid("Snapshot", {"stop": 1})
+
 
 def test_the_snapshot_command_writes_one_of_a_running_vm(launcher, tmp_path):
     """``pyvmm snapshot --api-sock PATH [--stop] ID DIR``: DIR taken from

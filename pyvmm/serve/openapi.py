@@ -66,10 +66,14 @@ SCHEMAS: dict[str, Any] = {
     },
     "CreateVm": {
         "type": "object",
-        "required": ["argv"],
+        "anyOf": [{"required": ["argv"]}, {"required": ["restore"]}],
         "additionalProperties": False,
         "properties": {
-            "argv": {**_STRINGS, "description": "the command line after `pyvmm`"},
+            "argv": {
+                **_STRINGS,
+                "description": "the command line after `pyvmm`; with restore, the devices' options",
+            },
+            "restore": {**_PATH, "description": "a snapshot to resume (--restore=DIR)"},
             "id": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"},
             "cwd": {**_PATH, "description": "where relative paths are taken from"},
             "stdout": {**_PATH, "description": "the guest's console, appended to"},
@@ -123,10 +127,11 @@ SCHEMAS: dict[str, Any] = {
     },
     "CreatePool": {
         "type": "object",
-        "required": ["argv"],
+        "anyOf": [{"required": ["argv"]}, {"required": ["restore"]}],
         "additionalProperties": False,
         "properties": {
             "argv": _STRINGS,
+            "restore": {**_PATH, "description": "clones of this snapshot"},
             "cwd": _PATH,
             "size": {"type": "integer", "minimum": 1, "maximum": 16, "default": 1},
         },
@@ -236,7 +241,7 @@ OPERATIONS: dict[str, tuple[str, str | None, dict[str, tuple[str, str]]]] = {
     "start_vm": (
         "Start a held VM (a container's) with the console fds passed",
         "Start",
-        {"200": ("its guest runs (with \"wait\": true, once it has ended)", "Vm")},
+        {"200": ('its guest runs (with "wait": true, once it has ended)', "Vm")},
     ),
     "create_container": (
         "Prepare an OCI container's VM from its bundle, held until its start (501: the "
