@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from pyvmm.common.errors import GuestFault, HostError
 from pyvmm.common.sizes import PAGE_SIZE
+from pyvmm.kvm.ioctl import KvmError
 from pyvmm.loader.elf import (
     EHDR,
     ELF_MAGIC,
@@ -47,7 +48,14 @@ from pyvmm.loader.elf import (
     PT_LOAD,
     PT_NOTE,
 )
-from pyvmm.vm.debug.regs import USER_REGS, fp_note, guest_registers
+from pyvmm.vm.debug.regs import MACHINE, USER_REGS, guest_registers
+
+# Imported with --dumpcore only, at set-up (the sandbox refuses a module's
+# open at the fault).
+if MACHINE == "aarch64":
+    from pyvmm.arch.aarch64 import guestregs
+else:
+    from pyvmm.arch.x86_64 import fpu
 
 if TYPE_CHECKING:
     from pyvmm.kvm import Vcpu
@@ -107,6 +115,17 @@ def prstatus(
     head = _PRSTATUS_HEAD.pack(signal, 0, 0, signal, 0, 0, pid, 0, 0, 0)
     values = struct.pack(f"<{len(names)}Q", *(regs.get(n, 0) for n in names))
     return head + values + _FPVALID.pack(int(fpvalid))
+
+
+def fp_note(vcpu: Vcpu, regs: dict[str, int]) -> bytes | None:
+    """NT_PRFPREG's descriptor (x86_64: the FXSAVE image, Linux's
+    user_i387_struct; aarch64: user_fpsimd_state), None if KVM cannot say."""
+    try:
+        if MACHINE == "aarch64":
+            return guestregs.fpsimd(regs if "v0" in regs else guestregs.read_fp(vcpu))
+        return fpu.get(vcpu)
+    except KvmError:
+        return None
 
 
 def trap_registers(memory: GuestMemory, cookie: int) -> dict[str, int]:

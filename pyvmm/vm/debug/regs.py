@@ -34,8 +34,6 @@ MACHINE = os.uname().machine
 # Imported now, at set-up: the sandbox refuses the open of a module at a fault.
 if MACHINE == "aarch64":
     from pyvmm.arch.aarch64 import guestregs
-else:
-    from pyvmm.arch.x86_64 import fpu
 
 
 def vcpu_registers(vcpu: Vcpu) -> dict[str, int]:
@@ -81,14 +79,3 @@ def guest_registers(vcpu: Vcpu, memory: GuestMemory) -> dict[str, int]:
     rip, cs, rflags, rsp, ss = struct.unpack(f"<{words}Q", raw)[with_code:]
     regs |= {"rip": rip, "cs": cs & 0xFFFF, "eflags": rflags, "rsp": rsp, "ss": ss & 0xFFFF}
     return regs
-
-
-def fp_note(vcpu: Vcpu, regs: dict[str, int]) -> bytes | None:
-    """A core's NT_PRFPREG descriptor (x86_64: the FXSAVE image; aarch64:
-    user_fpsimd_state), None if KVM cannot say."""
-    try:
-        if MACHINE == "aarch64":
-            return guestregs.fpsimd(regs if "v0" in regs else guestregs.read_fp(vcpu))
-        return fpu.get(vcpu)  # the FXSAVE image is user_i387_struct
-    except KvmError:
-        return None
