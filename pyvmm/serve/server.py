@@ -54,6 +54,7 @@ from pyvmm.serve.vms import (
     spawn,
 )
 from pyvmm.serve.warm import HostFacts
+from pyvmm.vm.snapshot.writer import kernel_identity
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: How long a VM gets to end after its stop signal before SIGKILL (s).
@@ -876,12 +877,17 @@ class Launcher:
         copy-on-write fault on each page they write: 1-1.3 ms of CPU
         instead of 0.15 (docs/serve.md). Doing the same work now, while
         nothing waits for it, takes those faults off the next request's
-        path; the pages are the ones the next request would copy anyway."""
+        path; the pages are the ones the next request would copy anyway.
+        Its unikernel's identity is made now too, once per kernel read (a
+        SHA-256 of its loaded bytes): its VMs inherit it, and a snapshot of
+        one then does not hash it while its guest is stopped."""
         last = self._last_create
         if last is None:
             return
         with contextlib.suppress(Exception):
-            prepare(dict(last), [], self.facts).close()
+            prepared = prepare(dict(last), [], self.facts)
+            prepared.close()
+            kernel_identity(prepared.spec.plan.kernel)
 
     def _refill(self, vm: Vm) -> None:
         """A pooled VM has started (or failed to): prepare the next one."""
