@@ -199,3 +199,14 @@ def test_the_filter_refuses_executable_memory_of_any_length() -> None:
     rw, rx = mmap.PROT_READ | mmap.PROT_WRITE, mmap.PROT_READ | mmap.PROT_EXEC
     said = _filtered([protect(n * mmap.PAGESIZE, prot) for prot in (rx, rw) for n in (1, 3)])
     assert said == ["EPERM", "EPERM", "ok", "ok"]
+
+
+def test_the_program_binds_to_pid_1() -> None:
+    """pid 1 is a real pid to bind (pyvmm as a container's first process,
+    in its own pid namespace); 0 and below are not."""
+    from pyvmm.host import sandbox
+
+    compiled = sandbox.program(kill=False)
+    for pid, expected in ((1, 0), (0, -errno.EBADF), (-1, -errno.EBADF)):
+        buf = ffi.new("char[]", compiled)
+        assert lib.pyvmm_sandbox_bind(buf, len(compiled), pid, 5, 6) == expected, pid
