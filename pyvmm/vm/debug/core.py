@@ -235,8 +235,10 @@ class CoreDir:
             self._start_helper()
 
     def _start_helper(self) -> None:
-        from pyvmm.vm.debug import corelink
-
+        # The helper's path, not an import of it: under --user the run has
+        # already dropped privileges here, and an import of what it imports
+        # (signal) could meet an interpreter whose library only root reads.
+        helper = os.path.join(os.path.dirname(__file__), "corelink.py")
         to_r, to_w = os.pipe2(os.O_CLOEXEC)
         from_r, from_w = os.pipe2(os.O_CLOEXEC)
         # The helper's fds 3-6: the directory, the file, its two pipe ends;
@@ -246,7 +248,7 @@ class CoreDir:
             for i, fd in enumerate((self.dir_fd, self.file_fd, to_r, from_w))
         ]
         actions += [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
-        argv = [sys.executable, "-I", "-S", corelink.__file__, self.name()]
+        argv = [sys.executable, "-I", "-S", helper, self.name()]
         try:
             os.posix_spawn(sys.executable, argv, {}, file_actions=actions, setsid=True)
         except OSError as err:
