@@ -462,6 +462,10 @@ static void relay(struct warm_args *w, int report) __attribute__((noreturn));
 static void relay(struct warm_args *w, int report)
 {
     char why[1024] = "", body[3 * PATH_MAX] = "{";
+    /* Nothing of the shim's but stdio (its own sockets, say). */
+    if (report > 3)
+        syscall(SYS_close_range, 3U, (unsigned)report - 1, 0U);
+    syscall(SYS_close_range, (unsigned)report + 1, ~0U, 0U);
     take_signals();
     /* Connected from here: the launcher takes the peer's pid for the relay's. */
     int sock = launcher_connect(w->launcher, why, sizeof why);
@@ -476,7 +480,12 @@ static void relay(struct warm_args *w, int report)
             tell(report, "error", why);
             _exit(1);
         }
-        out = err = pty;
+        /* The terminal is the container's stdio now, as the cold path's
+         * process makes it: create's own (a pipe the shim reads to its
+         * end with a terminal) is let go, or the shim would wait on it. */
+        for (int fd = 0; fd < 3; fd++)
+            dup2(pty, fd);
+        close(pty);
     }
     body_append(body, sizeof body, "bundle", w->bundle_abs);
     body_append(body, sizeof body, "id", w->id);

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -108,6 +109,41 @@ def test_the_guest_s_exit_status_comes_through_the_relay(containerd, launcher):
     assert done.returncode == 7, done.stderr
     assert "cmdline: 7 foo" in done.stdout
     assert the_new_vm(launcher, before)["exit_status"] == 7
+    assert containerd.containers() == []
+
+
+def test_a_terminal_goes_through_the_console_socket_on_the_warm_path(containerd, launcher):
+    """ctr run -t: the relay makes the pty, sends its master to the
+    console socket and hands the VM the slave as its stdio."""
+    before = launcher.vms()
+    master, slave = os.openpty()
+    try:
+        proc = subprocess.Popen(
+            containerd.run_argv(ref("args"), "warm6", "5", "tty", options=("-t", *warm(launcher))),
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+        )
+        os.close(slave)
+        slave = -1
+        output = b""
+        deadline = time.monotonic() + CTR_TIMEOUT
+        while proc.poll() is None or not output.endswith(b"\n"):
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    output += os.read(master, 4096)
+                except OSError:  # EIO: every slave fd closed
+                    break
+            assert time.monotonic() < deadline, output
+        assert proc.wait(timeout=CTR_TIMEOUT) == 5, output
+        assert b"cmdline: 5 tty\r" in output  # through a terminal: CR LF
+    finally:
+        if slave >= 0:
+            os.close(slave)
+        os.close(master)
+    assert the_new_vm(launcher, before)["exit_status"] == 5
     assert containerd.containers() == []
 
 
