@@ -293,7 +293,11 @@ print(json.dumps(seen))
 """
 
 
-def _split(tmp_path: Path, cid: str, sock: str, log: Path, then: str = "start") -> dict:
+def _split(
+    tmp_path: Path, cid: str, sock: str, log: Path, then: str = "start", conf: str | None = None
+) -> dict:
+    """The split script on a hello bundle whose annotation names ``sock``
+    (with ``conf``: no annotation, the configuration file ``conf`` says)."""
     bundle = tmp_path / "bundle"
     (bundle / "rootfs" / "unikernel").mkdir(parents=True)
     shutil.copy(guest("hello"), bundle / "rootfs" / "unikernel" / "hello.hvt")
@@ -301,7 +305,7 @@ def _split(tmp_path: Path, cid: str, sock: str, log: Path, then: str = "start") 
         "ociVersion": "1.0.2",
         "process": {"args": ["/unikernel/hello.hvt"]},
         "root": {"path": "rootfs"},
-        "annotations": {ANNOTATION: sock},
+        "annotations": {ANNOTATION: sock} if conf is None else {},
         "linux": {"cgroupsPath": f"/pyvmm-warm-test/{cid}"},
     }
     (bundle / "config.json").write_text(json.dumps(config))
@@ -314,6 +318,7 @@ def _split(tmp_path: Path, cid: str, sock: str, log: Path, then: str = "start") 
             text=True,
             timeout=120,
             cwd=ROOT,
+            env=dict(os.environ, PYVMM_OCI_CONFIG=conf or "/nonexistent"),
         )
         assert done.returncode == 0, done.stderr
         seen = json.loads(done.stdout)
@@ -349,6 +354,17 @@ def test_the_guest_does_not_start_before_start(launcher, tmp_path):
         "delete": 0,
     }
     assert not log.exists() or log.read_text() == ""  # nothing to say
+
+
+def test_the_launcher_can_be_named_for_every_container_in_the_configuration_file(
+    launcher, tmp_path
+):
+    """No annotation: `launcher = PATH` in the file PYVMM_OCI_CONFIG names
+    (/etc/pyvmm/oci.conf by default) asks for the warm path."""
+    conf = tmp_path / "oci.conf"
+    conf.write_text(f"# the node's launcher\nlauncher = {launcher.path}\n")
+    seen = _split(tmp_path, "split4", launcher.path, tmp_path / "log.json", conf=str(conf))
+    assert seen["warm"] and seen["exit"] == 0 and seen["vm_after"] == 0, seen
 
 
 @pytest.mark.skipif(is_v2(), reason="the host's cgroups are v2 (the v2 layout: unit tests)")
