@@ -1,7 +1,7 @@
 """Received packets per second and VM exits, every network path side by side.
 
     python3 bench/pps.py [--seconds 3] [--repeat 3] [--size 1300] [--rate 0]
-                         [--modes off-py,off,poll,event,hybrid] [--pin]
+                         [--modes off-py,off,poll,event,hybrid] [--pin[=apart|same]]
                          [--guest PATH] [--cpl auto,0,deprivileged]
                          [--ring-guest PATH] [--ring-modes event] [--budgets 50,2000]
                          [--solo5] [--solo5-hvt-seconds 1]
@@ -137,6 +137,15 @@ SNAPSHOT_INTERVAL = "100ms"
 # Latency rows: pyvmm's interval counters cost ~0.8% of a core every 100 ms,
 # more than an idle tender itself; once a second keeps the idle figure its own.
 LATENCY_SNAPSHOT_INTERVAL = "1s"
+# --pin's placements: the pyvmm rows' --pin (with and without an IO
+# thread) and the sender's CPU. "apart": the vCPU shares CPU 0 with the
+# sender, the IO thread has CPU 1; "same": the vCPU and the IO thread share
+# CPU 1, the sender has CPU 0 (the co-scheduled case).
+PLACEMENTS = {
+    "apart": {"shm": "vcpu=0,io=1", "off": "vcpu=0", "sender": "0", "sender_off": "1"},
+    "same": {"shm": "vcpu=1,io=1", "off": "vcpu=1", "sender": "0", "sender_off": "0"},
+}
+
 # The row every other is a ratio to: the guest programs as one plain process
 # on the tap (bench/baseline.py).
 BASELINE = "process"
@@ -176,7 +185,7 @@ class Tender:
                 f"--net-mac:service0={GUEST_MAC}",
             ]
             if args.pin:
-                argv += ["--pin", "vcpu=0,io=1" if shm != "off" else "vcpu=0"]
+                argv += ["--pin", PLACEMENTS[args.pin]["off" if shm == "off" else "shm"]]
             if args.slots and shm != "off":
                 argv += [f"--shm-slots={args.slots}"]
             budget = case.get("budget") or args.budget
@@ -350,8 +359,14 @@ def sender_argv(args, shm: str, seconds: float) -> list[str]:
     if args.sender_cpu >= 0:
         argv += ["--cpu", str(args.sender_cpu)]
     elif args.pin:
-        argv += ["--cpu", "1" if shm == "off" else "0"]
+        argv += ["--cpu", PLACEMENTS[args.pin]["sender_off" if shm == "off" else "sender"]]
     return argv
+
+
+def notified(snap: dict, service: str) -> int:
+    """The guest wake-ups the IO thread sent, over every device."""
+    devices = (snap.get(service) or {}).get("devices") or {}
+    return sum(d.get("notify_sent", 0) for d in devices.values())
 
 
 def window_counters(a: dict | None, b: dict | None) -> dict:
@@ -372,12 +387,19 @@ def window_counters(a: dict | None, b: dict | None) -> dict:
         "to_pyvmm": sum(b["exits_to_pyvmm"].values()) - sum(a["exits_to_pyvmm"].values()),
         "vcpu_cpu": delta(("vcpu_thread_cpu_ns",)) / 1e9 / dt * 100,
         "io_cpu": 0.0,
+        # Context switches of each thread (voluntary: it blocked or yielded;
+        # involuntary: it was preempted).
+        "vcpu_vsw": delta(("vcpu_thread_voluntary_switches",)),
+        "vcpu_isw": delta(("vcpu_thread_involuntary_switches",)),
     }
     for service in ("shmstream", "solo5_ring"):
         if b.get(service):
             out["io_cpu"] = delta((service, "thread", "cpu_ns")) / 1e9 / dt * 100
             out["wakeups"] = delta((service, "thread", "wakeups"))
             out["kicks"] = delta((service, "thread", "kicks"))
+            out["io_vsw"] = delta((service, "thread", "voluntary_switches"))
+            out["io_isw"] = delta((service, "thread", "involuntary_switches"))
+            out["guest_wakeups"] = notified(b, service) - notified(a, service)
     return out
 
 
@@ -473,6 +495,10 @@ def summarize_rx(r: dict) -> dict:
             vcpu_us_frame=w["vcpu_cpu"] / 100 * w["seconds"] / max(frames, 1) * 1e6,
             io_us_frame=w["io_cpu"] / 100 * w["seconds"] / max(frames, 1) * 1e6,
         )
+        # Switches per 1000 frames, each thread: what a frame costs in switches.
+        for key in ("vcpu_vsw", "vcpu_isw", "io_vsw", "io_isw", "guest_wakeups"):
+            if key in w:
+                s[f"{key}_kframe"] = w[key] / max(frames, 1) * 1000
     else:
         cpu = sum(r["tender_cpu_s"].values())
         s.update(vcpu_cpu=cpu / (window + 0.1) * 100)
@@ -901,6 +927,11 @@ RX_COLUMNS = [  # (header, key, format)
     ("IO %", "io_cpu", ".0f"),
     ("vCPU us/fr", "vcpu_us_frame", ".2f"),
     ("IO us/fr", "io_us_frame", ".2f"),
+    ("vCPU vsw/1k", "vcpu_vsw_kframe", ".1f"),
+    ("vCPU isw/1k", "vcpu_isw_kframe", ".1f"),
+    ("IO vsw/1k", "io_vsw_kframe", ".1f"),
+    ("IO isw/1k", "io_isw_kframe", ".1f"),
+    ("wakes/1k", "guest_wakeups_kframe", ".1f"),
     ("sender %", "sender_cpu", ".0f"),
     ("runs", "repeats", ".0f"),
 ]
@@ -991,7 +1022,14 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=1300, help="UDP payload bytes")
     parser.add_argument("--rate", type=int, default=0, help="offered datagrams/s (0: max)")
     parser.add_argument("--idle-ms", type=int, default=1500, help="udpsink's idle timeout")
-    parser.add_argument("--pin", action="store_true", help="vCPU and sender on CPU 0, IO on 1")
+    parser.add_argument(
+        "--pin",
+        nargs="?",
+        const="apart",
+        choices=sorted(PLACEMENTS),
+        help="apart (the default with --pin): vCPU and sender on CPU 0, IO on 1; "
+        "same: vCPU and IO on CPU 1, sender on 0",
+    )
     parser.add_argument("--no-sandbox", action="store_true", help="pyvmm --no-sandbox")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument(
@@ -1106,7 +1144,8 @@ def main() -> int:
         f"{host['arch']}, {host['cpus']} CPUs ({host['cpu_model']}), kernel {host['kernel']}, "
         f"KVM {host['kvm']}, load {host['loadavg'][0]:.2f}; {args.size}-byte UDP payloads, "
         f"{args.seconds:g} s per row, {args.repeat} runs, median; sender {args.sender}, "
-        f"offered {'max' if not args.rate else args.rate} pps{', pinned' if args.pin else ''}"
+        f"offered {'max' if not args.rate else args.rate} pps"
+        + (f", pinned {args.pin}" if args.pin else "")
     )
     print(f"# {title}; {time.strftime('%Y-%m-%d %H:%M')}")
     if args.guest != GUEST:

@@ -208,6 +208,7 @@ static void *io_main(void *arg)
 {
     struct iothread *io = arg;
 
+    __atomic_store_n(&io->tid, (int)gettid(), __ATOMIC_RELEASE);
     switch (io->mode) {
     case IO_MODE_POLL:
         run_poll(io);
@@ -298,7 +299,16 @@ int io_start(struct iothread *io)
     if (err)
         return -err;
     io->started = 1;
+    /* Its id is known before anyone asks for it (its switch counters are
+     * opened by id, before the sandbox refuses open). */
+    while (!__atomic_load_n(&io->tid, __ATOMIC_ACQUIRE))
+        sched_yield();
     return 0;
+}
+
+int io_thread_tid(struct iothread *io)
+{
+    return io->started ? __atomic_load_n(&io->tid, __ATOMIC_ACQUIRE) : 0;
 }
 
 void io_stop(struct iothread *io)
@@ -309,6 +319,7 @@ void io_stop(struct iothread *io)
     io_notify(io->stop_fd);
     pthread_join(io->thread, NULL);
     io->started = 0;
+    io->tid = 0;
 }
 
 int io_pause(struct iothread *io)

@@ -152,6 +152,8 @@ int io_solo5_set_indices(struct iothread *io, uint32_t ent_head, uint32_t com_ta
 
 /* Start the thread (stop signals blocked in it); 0 or -errno. */
 int io_start(struct iothread *io);
+/* The running thread's kernel id (gettid), 0 before io_start. */
+int io_thread_tid(struct iothread *io);
 /* Stop and join; safe to call twice or without a start. */
 void io_stop(struct iothread *io);
 /* CPU time the thread has used, in ns (its total once stopped). */

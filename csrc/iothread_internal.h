@@ -55,6 +55,7 @@ struct solo5_link {
     uint32_t ent_head;   /* trusted copies of the host-owned indices */
     uint32_t com_tail;
     int stalled;         /* a read waits for commit room: sleep till a kick */
+    uint64_t read_ns;    /* CLOCK_MONOTONIC of the last read committed */
     struct solo5_ring_counters c;
 };
 
@@ -73,6 +74,7 @@ struct iothread {
     int stop_fd;
     int epfd;
     int started;
+    int tid;            /* the thread's kernel id, once it runs */
     volatile int stop;
     int wake_armed;     /* 1: the vCPU waits for (or will check) wake_fd */
     int pause_req;      /* io_pause asked the thread to hold between passes */

@@ -107,6 +107,9 @@ COMMON = {
     "exits_to_pyvmm",
     "hypercalls",
     "vcpu_thread_cpu_ns",
+    # Added within pyvmm-stats/1: the vCPU thread's context switches.
+    "vcpu_thread_voluntary_switches",
+    "vcpu_thread_involuntary_switches",
     "kvm",
     "tap_drops",
     "tap_drops.rx_oversize",
@@ -132,6 +135,8 @@ IN_C = {
         )
     ),
 }
+# Added within pyvmm-stats/1: the IO thread's context switches.
+SWITCHES = ("voluntary_switches", "involuntary_switches")
 SHM_DEVICE = (
     "rx_frames",
     "rx_bytes",
@@ -154,7 +159,7 @@ SHM = {
     "shmstream.thread",
     *(
         f"shmstream.thread.{k}"
-        for k in ("wakeups", "kicks", "sleeps", "busy_passes", "idle_spins", "cpu_ns")
+        for k in ("wakeups", "kicks", "sleeps", "busy_passes", "idle_spins", "cpu_ns", *SWITCHES)
     ),
     "shmstream.devices",
     "shmstream.devices.service0",
@@ -222,7 +227,7 @@ RING = {
     "solo5_ring.thread",
     *(
         f"solo5_ring.thread.{k}"
-        for k in ("wakeups", "kicks", "sleeps", "busy_passes", "idle_spins", "cpu_ns")
+        for k in ("wakeups", "kicks", "sleeps", "busy_passes", "idle_spins", "cpu_ns", *SWITCHES)
     ),
     "solo5_ring.ring",
     *(

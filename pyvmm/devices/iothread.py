@@ -15,6 +15,7 @@ from pyvmm._native import ffi, lib
 from pyvmm.arch import host_arch
 from pyvmm.common.errors import HostError
 from pyvmm.common.record import Record
+from pyvmm.host.threadswitches import ThreadSwitches
 
 MODES = {"poll": lib.IO_MODE_POLL, "event": lib.IO_MODE_EVENT, "hybrid": lib.IO_MODE_HYBRID}
 # Hybrid mode keeps polling this long without work before sleeping again:
@@ -54,6 +55,7 @@ class IoThread:
         if self._io == ffi.NULL:
             raise HostError("cannot create the IO thread: out of memory or file descriptors")
         self.links = 0
+        self._switches: ThreadSwitches | None = None
 
     def add_link(self, backend_fd: int, rx, tx, slots: int) -> int:
         """A shmstream device: its tap and its rings; returns the link index."""
@@ -88,12 +90,19 @@ class IoThread:
         err = lib.io_start(self._io)
         if err:
             raise HostError(f"cannot start the IO thread: {os.strerror(-err)}")
+        if self._switches is not None:
+            self._switches.close()
+        self._switches = ThreadSwitches(lib.io_thread_tid(self._io))
 
     def stop(self) -> None:
         if self._io != ffi.NULL:
+            if self._switches is not None:  # its last reading, while it lives
+                self._switches.read()
             lib.io_stop(self._io)
 
     def close(self) -> None:
+        if self._switches is not None:
+            self._switches.close()
         if self._io != ffi.NULL:
             lib.io_destroy(self._io)
             self._io = ffi.NULL
@@ -149,6 +158,8 @@ class IoThread:
         s = lib.io_thread_stats(self._io)
         counters = {name: getattr(s, name) for name in THREAD_COUNTERS}
         counters["cpu_ns"] = lib.io_cpu_ns(self._io)
+        if self._switches is not None:
+            counters.update(self._switches.read())
         return counters
 
 

@@ -253,6 +253,7 @@ def report(
     transport: str,
     vcpu_cpu_ns: int,
     fast_path: Any,
+    vcpu_switches: dict[str, int] | None = None,
     devices: list[Any],
     kvm: dict[str, int] | None,
     net_service: tuple[str, Any] | None,
@@ -267,6 +268,10 @@ def report(
         "hypercalls": hypercalls(exits, fast_path),
         "vcpu_thread_cpu_ns": vcpu_cpu_ns,
     }
+    # The vCPU thread's context switches (the IO thread's are in its
+    # service's "thread"): what a frame costs in switches.
+    for key, value in (vcpu_switches or {}).items():
+        out[f"vcpu_thread_{key}"] = value
     if traps is not None:
         out["traps"] = traps
     if fast_path is not None:

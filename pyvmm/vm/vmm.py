@@ -30,6 +30,7 @@ from pyvmm.common.record import replace
 from pyvmm.devices import Device, DeviceKind, Service
 from pyvmm.devices.console import Console, ConsoleClosed
 from pyvmm.host import sandbox
+from pyvmm.host.threadswitches import SWITCH_KEYS, ThreadSwitches
 from pyvmm.hvt.bootinfo import BootInfo
 from pyvmm.hvt.hypercalls import Halt, Hypercalls
 from pyvmm.kvm import Interrupted, IoOut, Mmio, System, VcpuExit
@@ -78,6 +79,8 @@ class Vmm:
         self.devices: list[tuple[DeviceKind, Device]] = []
         self.elapsed = 0.0
         self.vcpu_cpu_ns = 0
+        self.vcpu_switches: ThreadSwitches | None = None  # open while run() runs
+        self._vcpu_switched = dict.fromkeys(SWITCH_KEYS, 0)
         self.started: float | None = None
         # Set while pyvmm's stop-signal handlers are installed (api.Guest.stop
         # may send one to the vCPU thread only then).
@@ -294,6 +297,7 @@ class Vmm:
         # the thread's CPU time is never more than the run's time.
         self.started = time.monotonic()
         self._vcpu_cpu_start = time.clock_gettime_ns(self._vcpu_clock)
+        self.vcpu_switches = ThreadSwitches(threading.get_native_id())
         io_threads = []
         try:
             for kind, service in self.services:
@@ -327,6 +331,8 @@ class Vmm:
                 self.running.clear()
             lib.pyvmm_signals_restore()
             self.vcpu_cpu_ns = time.clock_gettime_ns(self._vcpu_clock) - self._vcpu_cpu_start
+            self._vcpu_switched = self.vcpu_switches.read()
+            self.vcpu_switches.close()
             self.elapsed = time.monotonic() - self.started
             self.started = None
 
@@ -336,6 +342,8 @@ class Vmm:
         started = self.started
         if started is not None:  # running: the totals so far
             self.vcpu_cpu_ns = time.clock_gettime_ns(self._vcpu_clock) - self._vcpu_cpu_start
+            if self.vcpu_switches is not None:
+                self._vcpu_switched = self.vcpu_switches.read()
             self.elapsed = time.monotonic() - started
         snapshot = report(
             cpl=self.plan.cpl,
@@ -344,6 +352,7 @@ class Vmm:
             exits=self.exits,
             transport=self.plan.arch.hypercall_exit.__name__,
             vcpu_cpu_ns=self.vcpu_cpu_ns,
+            vcpu_switches=self._vcpu_switched,
             fast_path=self.fast_path,
             devices=[device for _, device in self.devices],
             kvm=self.kvm_stats.read() if self.kvm_stats is not None else None,

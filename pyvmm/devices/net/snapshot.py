@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pyvmm._native import ffi, lib
 from pyvmm.common.errors import UsageError
 from pyvmm.devices.iothread import LINK_COUNTERS, SOLO5_COUNTERS, THREAD_COUNTERS
+from pyvmm.host.threadswitches import SWITCH_KEYS
 
 if TYPE_CHECKING:
     from pyvmm.devices.iothread import IoService
@@ -32,8 +33,9 @@ if TYPE_CHECKING:
 
 U32 = (1 << 32) - 1
 U64 = (1 << 64) - 1
-#: A thread counter that is the thread's own CPU clock, not a count.
-_NOT_CONTINUED = ("cpu_ns",)
+#: Thread counters that are the thread's own, not the guest's: its CPU
+#: clock and its context switches.
+_NOT_CONTINUED = ("cpu_ns", *SWITCH_KEYS)
 
 
 def transport_of(service: IoService | None) -> str:
