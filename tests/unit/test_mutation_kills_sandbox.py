@@ -210,3 +210,58 @@ def test_the_program_binds_to_pid_1() -> None:
     for pid, expected in ((1, 0), (0, -errno.EBADF), (-1, -errno.EBADF)):
         buf = ffi.new("char[]", compiled)
         assert lib.pyvmm_sandbox_bind(buf, len(compiled), pid, 5, 6) == expected, pid
+
+
+def test_the_filter_allows_the_fd_flag_queries_and_plain_mappings() -> None:
+    """fcntl's F_GETFD, F_SETFD, F_GETFL and F_SETFL (without O_ASYNC), and
+    mmap without PROT_EXEC, pass the loaded filter; mmap with it does not."""
+    import fcntl
+    import mmap
+
+    read, write = os.pipe()
+    flags = fcntl.fcntl(write, fcntl.F_GETFL)
+    try:
+        said = _filtered(
+            [
+                lambda: fcntl.fcntl(write, fcntl.F_GETFD),
+                lambda: fcntl.fcntl(write, fcntl.F_SETFD, fcntl.FD_CLOEXEC),
+                lambda: fcntl.fcntl(write, fcntl.F_GETFL),
+                lambda: fcntl.fcntl(write, fcntl.F_SETFL, flags | os.O_NONBLOCK),
+                lambda: mmap.mmap(-1, mmap.PAGESIZE).close(),
+                lambda: mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_EXEC),
+            ]
+        )
+    finally:
+        os.close(read)
+        os.close(write)
+    assert said == ["ok", "ok", "ok", "ok", "ok", "EPERM"]
+
+
+def test_a_program_of_a_length_no_instruction_multiple_is_not_loaded() -> None:
+    """pyvmm_sandbox_load refuses a length that is not whole instructions
+    (it would load the program cut short). In a child, in case it loads."""
+    from pyvmm.host import sandbox
+
+    prog = bytearray(sandbox.bound(vm_fd=0, vcpu_fd=0)) + b"\0" * 3
+    pid = os.fork()
+    if pid == 0:
+        try:
+            got = lib.pyvmm_sandbox_load(ffi.from_buffer(prog), len(prog))
+        finally:
+            os._exit(0 if got == -errno.EINVAL else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_forgetting_a_few_bytes_zeroes_them_and_no_more() -> None:
+    """pyvmm_sandbox_forget within one or two pages zeroes the bytes (a
+    launcher child forgets other VMs' small objects that way)."""
+    import mmap
+
+    area = mmap.mmap(-1, 2 * mmap.PAGESIZE)
+    area[:] = b"\xaa" * len(area)
+    start = ffi.cast("uintptr_t", ffi.from_buffer(area))
+    at = mmap.PAGESIZE - 50
+    assert lib.pyvmm_sandbox_forget(int(start) + at, 100, 0) == 0
+    assert area[at : at + 100] == bytes(100)
+    assert area[at - 1] == area[at + 100] == 0xAA
