@@ -121,6 +121,8 @@ def test_break_at_solo5_app_main_registers_step_memory_and_exit(stub):
     assert stop.startswith(b"T05") and b"swbreak" in stop, stop
     regs = c.ask(b"g")
     assert len(regs) == 2 * G_SIZE and b"x" not in regs
+    assert c.ask(b"G" + regs) == b"OK"  # written back whole: nothing changes
+    assert c.ask(b"g") == regs
     assert u64(c.ask(b"p%x" % PC)) == main
     assert u64(c.ask(b"p%x" % X0)) != 0  # solo5_app_main(si): the start info
     sp = u64(c.ask(b"p%x" % SP))
@@ -201,7 +203,8 @@ def test_hardware_breakpoint_where_kvm_offers_one(stub):
     s = stub(kernel)
     c = s.client
     assert c.ask(b"Z1,%x,4" % main) == b"OK"
-    stop = c.ask(b"c")
+    assert b"vCont;c;C;s;S" == c.ask(b"vCont?")
+    stop = c.ask(b"vCont;c:1")
     assert stop.startswith(b"T05") and b"hwbreak" in stop, stop
     assert u64(c.ask(b"p%x" % PC)) == main
     assert c.ask(b"m%x,4" % main) == _text(kernel, main)  # nothing written
@@ -303,3 +306,17 @@ def test_abort_core_says_sigabrt(tmp_path):
     machine, found, _ = notes(core_named(result).read_bytes())
     assert machine == 183
     assert struct.unpack_from("<h", found[1], 12)[0] == 6  # SIGABRT
+
+
+def test_detach_removes_breakpoints_and_the_guest_runs_on(stub):
+    kernel = guest("hello")
+    main = symbol(kernel, "solo5_app_main")
+    s = stub(kernel)
+    c = s.client
+    assert c.ask(b"Z0,%x,4" % main) == b"OK"
+    assert c.ask(b"c").startswith(b"T05")
+    assert c.ask(b"Z0,%x,4" % symbol(kernel, "rt_puts")) == b"OK"  # never hit: removed
+    assert c.ask(b"D") == b"OK"
+    out, err, status = s.finish()
+    assert "pyvmm: gdb: detached; the guest runs on" in err, err
+    assert "Hello, world" in out and status == 0, out + err
