@@ -17,10 +17,10 @@
  *
  * Everything else goes to the Python runtime, with the arguments as they
  * came: create, features, pack, --help, --version; any option or
- * form this program does not know; a container without the summary (a
- * pod sandbox handed to runc, whose state is under ROOT/.runc; one made
- * by an older pyvmm-oci); a delete that has a network to tear down; an
- * unknown signal name (Python says which names exist). Its messages,
+ * form this program does not know; a container without the summary (one
+ * made by an older pyvmm-oci); a delete that has a network to tear down; an
+ * unknown signal name (Python says which names exist). A pod sandbox's
+ * calls go to runc, from here (oci_runc.h). Python's messages,
  * exit statuses and log lines are the Python runtime's, word for word.
  *
  * The interpreter: PYVMM_PYTHON from the environment, else the one the
@@ -329,7 +329,12 @@ static const char *status(const struct container *c)
     return access(c->fifo, F_OK) == 0 ? "created" : "running";
 }
 
+static int sandbox_bundle(const char *bundle_abs); /* pod sandboxes: oci_runc.h */
+static int runc_owns(const char *id);
+static void runc(int command) __attribute__((noreturn));
+
 #include "oci_warm.h" /* create's warm path, on the helpers above */
+#include "oci_runc.h"
 
 /* -- commands ---------------------------------------------------------------- */
 
@@ -540,6 +545,7 @@ int main(int argc, char **argv)
     }
     if (i >= argc || g_root[0] == '\0' || strlen(g_root) > PATH_MAX / 2)
         python();
+    int command_at = i;
     const char *command = argv[i++];
     if (!strcmp(command, "create")) {
         int rc = warm_create(argc, argv, i, debug, systemd); /* or the cold one, Python's */
@@ -575,6 +581,8 @@ int main(int argc, char **argv)
     int signum = SIGTERM;
     if (is_kill && nwords == 2 && (signum = parse_signal(words[1])) < 0)
         python();
+    if (valid_id(words[0]) && runc_owns(words[0]))
+        runc(command_at);
     struct container c = {0};
     int found = load(&c, words[0]);
     if (found == 0)

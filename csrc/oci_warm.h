@@ -24,7 +24,7 @@
  *
  * A launcher that is not there (no socket, refused, not root's or ours)
  * a container the warm path does not take (the launcher answers 501: a
- * net or block device, a pod sandbox) or a launcher at its limit or
+ * net or block device) or a launcher at its limit or
  * stopping (503) falls back to the cold create,
  * with one line in the shim's --log. An explicit "" or "none" annotation
  * asks for the cold path without a line.
@@ -239,17 +239,8 @@ static int warm_wanted(struct warm_args *w)
     const char *end = config + len, *notes = json_get(config, end, "annotations");
     char value[PATH_MAX];
     int wanted = 0, annotated = 0;
-    if (notes != NULL) {
-        static const char *const sandbox[] = {"io.kubernetes.cri.container-type",
-                                              "io.kubernetes.cri-o.ContainerType"};
-        for (int i = 0; i < 2; i++)
-            if (json_get_str(notes, end, sandbox[i], value, sizeof value) &&
-                !strcmp(value, "sandbox")) {
-                free(config);
-                return 0; /* runc's, through Python */
-            }
+    if (notes != NULL) /* (a pod sandbox went to runc before this) */
         annotated = json_get_str(notes, end, WARM_ANNOTATION, value, sizeof value);
-    }
     free(config);
     if (annotated) {
         wanted = value[0] != '\0' && strcmp(value, "none") != 0;
@@ -582,6 +573,7 @@ static int absolute(const char *path, char *out, size_t cap)
  * cold one; returns create's exit status. */
 static int warm_create(int argc, char **argv, int i, int debug, int systemd)
 {
+    const int i_command = i - 1; /* "create" */
     struct warm_args w = {.bundle = ".", .debug = debug, .systemd = systemd};
     for (; i < argc; i++) {
         const char *arg = argv[i], *value = NULL;
@@ -617,7 +609,9 @@ static int warm_create(int argc, char **argv, int i, int debug, int systemd)
         python();
     char path[PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/.runc/%s", g_root, w.id);
-    if (is_dir(path) || !warm_wanted(&w))
+    if (is_dir(path) || sandbox_bundle(w.bundle_abs))
+        runc(i_command);
+    if (!warm_wanted(&w))
         python();
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);

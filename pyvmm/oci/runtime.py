@@ -678,15 +678,18 @@ def _is_sandbox(args: argparse.Namespace) -> bool:
     if args.command != "create":
         return False
     try:
-        annotations = load_config(os.path.abspath(args.bundle)).get("annotations") or {}
+        annotations = load_config(os.path.abspath(args.bundle)).get("annotations")
     except BundleError:
+        return False
+    if not isinstance(annotations, dict):  # (read_bundle says what is wrong with it)
         return False
     return any(annotations.get(key) == "sandbox" for key in SANDBOX_KEYS)
 
 
 def delegate(argv: list[str], args: argparse.Namespace) -> None:
     """Run this command with runc, its state under ROOT/.runc: a pod's pause
-    container, and every later command about it, go to runc (as urunc does)."""
+    container, and every later command about it, go to runc (as urunc does).
+    The native front end applies the same rule itself (csrc/oci_runc.h)."""
     import shutil
 
     runc = shutil.which(os.environ.get("PYVMM_OCI_RUNC", "runc"))
@@ -695,9 +698,9 @@ def delegate(argv: list[str], args: argparse.Namespace) -> None:
     i = argv.index(args.command)
     globals_, skip = [], False
     for arg in argv[:i]:  # every global option but --root, which becomes ROOT/.runc
-        if not skip and not arg.startswith("--root"):
+        if not skip and arg != "--root" and not arg.startswith("--root="):
             globals_.append(arg)
-        skip = arg == "--root"
+        skip = not skip and arg == "--root"
     globals_ = ["--root", os.path.join(args.root, RUNC_DIR), *globals_]
     os.execv(runc, [runc, *globals_, *argv[i:]])
 
