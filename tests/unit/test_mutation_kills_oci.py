@@ -2,7 +2,9 @@
 a bundle that names no network namespace, or one by its path, asks for no
 new one (only a network entry without a path does); a string quoted in a
 message is marked as cut only when it was; a FIFO named as a disk is
-refused without being opened for reading."""
+refused without being opened for reading; a closed unikernel holds no
+descriptor; a value outside base64's alphabet is plain; an empty mount
+source is no bind mount of a file."""
 
 from __future__ import annotations
 
@@ -87,3 +89,37 @@ def test_a_fifo_as_a_disk_is_refused_without_waiting_for_a_writer(tmp_path):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+def test_a_closed_unikernel_holds_no_descriptor(tmp_path):
+    """After close nothing is left to pass to pyvmm or to close again (a
+    second close must not close whatever took the numbers meanwhile)."""
+    kernel = read_bundle(_bundle(tmp_path, []))
+    assert kernel.fds() and all(fd > 2 for fd in kernel.fds())
+    kernel.close()
+    assert kernel.fds() == [] and kernel.fd < 0
+    kernel.close()
+
+
+def test_a_value_with_characters_outside_base64_is_taken_as_written():
+    """Annotation values may be base64 or plain: a blank (or anything else
+    outside the alphabet) makes a value plain, even when the rest decodes."""
+    from pyvmm.oci.bundle import _base64
+
+    assert _base64("dGVzdA==") == "test"
+    assert _base64("dGVz dA==") == "dGVz dA=="
+
+
+def test_a_block_mount_with_an_empty_source_is_no_bind_mount_of_a_file(tmp_path):
+    from test_oci_bundle import make_bundle
+
+    from pyvmm.oci.bundle import BundleError
+
+    bundle = make_bundle(
+        tmp_path / "b",
+        "blocktest",
+        annotations={"org.pyvmm.unikernel.block.storage": "/data/disk.img"},
+        mounts=[{"destination": "/data/disk.img", "type": "bind", "source": ""}],
+    )
+    with pytest.raises(BundleError, match="is not a bind mount of a file$"):
+        read_bundle(str(bundle))
