@@ -40,7 +40,6 @@ start-up timeline, its calls and the VM's phases in DIR/ID.trace.json
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -73,6 +72,14 @@ NATIVE_FILE = "native"
 NATIVE_MAGIC, NATIVE_VERSION = "pyvmm-oci-native", 1
 FILE_MODE = 0o600  # everything pyvmm-oci writes: state, pid file, logs
 DIR_MODE = 0o700
+
+
+class Namespace:
+    """A parsed command line's values, as argparse's Namespace holds them
+    (the commands take either: quick_create makes this one)."""
+
+    def __init__(self, **values) -> None:
+        self.__dict__.update(values)
 
 
 class RuntimeError_(Exception):
@@ -306,7 +313,7 @@ def _child(
         os._exit(127)
 
 
-def create(root: str, args: argparse.Namespace) -> None:
+def create(root: str, args: Namespace) -> None:
     bundle = os.path.abspath(args.bundle)
     container = Container(root, args.id)
     if os.path.exists(container.dir):
@@ -322,7 +329,7 @@ def create(root: str, args: argparse.Namespace) -> None:
 
 
 def _create(
-    container: Container, bundle: str, config: dict, kernel: Unikernel, args: argparse.Namespace
+    container: Container, bundle: str, config: dict, kernel: Unikernel, args: Namespace
 ) -> None:
     os.mkdir(container.dir, DIR_MODE)
     state: dict = {
@@ -404,7 +411,7 @@ def _create(
 # -- the other commands ----------------------------------------------------
 
 
-def start(root: str, args: argparse.Namespace) -> None:
+def start(root: str, args: Namespace) -> None:
     container = Container(root, args.id)
     state = container.load()
     status = container.status(state)
@@ -444,7 +451,7 @@ def _state_json(state: dict, status: str | None) -> dict:
     return out
 
 
-def state_cmd(root: str, args: argparse.Namespace) -> None:
+def state_cmd(root: str, args: Namespace) -> None:
     container = Container(root, args.id)
     state = container.load()
     print(json.dumps(_state_json(state, container.status(state)), indent=2))
@@ -461,7 +468,7 @@ def parse_signal(text: str) -> int:
         raise RuntimeError_(f"unknown signal {text!r}") from None
 
 
-def kill(root: str, args: argparse.Namespace) -> None:
+def kill(root: str, args: Namespace) -> None:
     container = Container(root, args.id)
     state = container.load()
     signum = parse_signal(args.signal)
@@ -510,7 +517,7 @@ def _remove(container: Container, state: dict, kill: bool) -> str | None:
     return None
 
 
-def delete(root: str, args: argparse.Namespace) -> None:
+def delete(root: str, args: Namespace) -> None:
     container = Container(root, args.id)
     if not container.exists():
         if os.path.isdir(container.dir):  # a create that died half-way
@@ -529,7 +536,7 @@ def delete(root: str, args: argparse.Namespace) -> None:
         timeline.write(pending, "delete", args.call_begin, 0)
 
 
-def ps(root: str, args: argparse.Namespace) -> None:
+def ps(root: str, args: Namespace) -> None:
     container = Container(root, args.id)
     state = container.load()
     pids = [state["pid"]] if container.alive(state) else []
@@ -537,7 +544,7 @@ def ps(root: str, args: argparse.Namespace) -> None:
 
 
 def unsupported(what: str):
-    def refuse(root: str, args: argparse.Namespace) -> None:
+    def refuse(root: str, args: Namespace) -> None:
         raise RuntimeError_(f"{what} is not supported by pyvmm-oci (a unikernel is one process)")
 
     return refuse
@@ -578,7 +585,7 @@ def feature_set() -> dict:
     }
 
 
-def features(root: str, args: argparse.Namespace) -> None:
+def features(root: str, args: Namespace) -> None:
     print(json.dumps(feature_set(), indent=2))
 
 
@@ -587,19 +594,23 @@ def features(root: str, args: argparse.Namespace) -> None:
 UNSUPPORTED = ("exec", "pause", "resume", "checkpoint", "restore", "update", "events", "run")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, with its complaints in one line."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        if "invalid choice" in message:  # argparse would list the unsupported verbs too
-            message = message.split(" (choose from")[0] + f" (the commands: {', '.join(COMMANDS)})"
-        self.exit(2, f"{PROG}: {message} (see {PROG} --help)\n")
-
-
 COMMANDS = ("create", "start", "state", "kill", "delete", "ps", "features", "pack")
 
 
-def parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:  # noqa: F821 (imported inside)
+    """The whole command line. argparse is imported, and the parser built,
+    only here: the shim's create does without both (quick_create)."""
+    import argparse
+
+    class _Parser(argparse.ArgumentParser):
+        """argparse, with its complaints in one line."""
+
+        def error(self, message: str) -> None:  # type: ignore[override]
+            if "invalid choice" in message:  # argparse would list the unsupported verbs too
+                message = message.split(" (choose from")[0]
+                message += f" (the commands: {', '.join(COMMANDS)})"
+            self.exit(2, f"{PROG}: {message} (see {PROG} --help)\n")
+
     p = _Parser(
         prog=PROG,
         usage=f"{PROG} [--root DIR] [--log FILE] [--log-format text|json] COMMAND ...",
@@ -667,13 +678,87 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+#: The shim's create: global options, then create's (name: attribute, a flag?).
+QUICK_GLOBALS = {
+    "--root": ("root", False),
+    "--log": ("log", False),
+    "--log-format": ("log_format", False),
+    "--rootless": ("rootless", False),
+    "--criu": ("criu", False),
+    "--debug": ("debug", True),
+    "--systemd-cgroup": ("systemd_cgroup", True),
+}
+QUICK_CREATE = {
+    "--bundle": ("bundle", False),
+    "-b": ("bundle", False),
+    "--pid-file": ("pid_file", False),
+    "--console-socket": ("console_socket", False),
+    "--no-pivot": ("no_pivot", True),
+    "--no-new-keyring": ("no_new_keyring", True),
+}
+
+
+def quick_create(argv: list[str]) -> Namespace | None:
+    """``create`` in the plain forms containerd's shim uses, read without
+    argparse (importing it and building the parser cost create ~10 ms), as
+    the parser would read it; None for anything else, which goes to the
+    parser. tests/unit/test_oci_quick_create.py holds both to one reading."""
+    values: dict = {
+        "root": DEFAULT_ROOT,
+        "log": None,
+        "log_format": "text",
+        "debug": False,
+        "systemd_cgroup": False,
+        "rootless": "auto",
+        "criu": None,
+        "version": False,
+        "command": "create",
+        "bundle": ".",
+        "pid_file": None,
+        "console_socket": None,
+        "no_pivot": False,
+        "no_new_keyring": False,
+        "preserve_fds": 0,
+        "id": None,
+    }
+    options, i = QUICK_GLOBALS, 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        if options is QUICK_GLOBALS and arg == "create":
+            options = QUICK_CREATE
+        elif name in options and options[name][1]:
+            if eq:
+                return None
+            values[options[name][0]] = True
+        elif name in options:
+            if not eq:
+                i += 1
+                if i == len(argv):
+                    return None
+                value = argv[i]
+            if not value or value.startswith("-"):
+                return None
+            values[options[name][0]] = value
+        elif options is QUICK_CREATE and values["id"] is None and arg[:1] not in ("", "-"):
+            values["id"] = arg
+        else:
+            return None
+        i += 1
+    if options is not QUICK_CREATE or values["id"] is None:
+        return None
+    if values["log_format"] not in ("text", "json"):
+        return None
+    return Namespace(run=create, **values)
+
+
 # -- Kubernetes pod sandboxes: runc's business --------------------------------
 
 RUNC_DIR = ".runc"
 SANDBOX_KEYS = ("io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType")
 
 
-def _is_sandbox(args: argparse.Namespace) -> bool:
+def _is_sandbox(args: Namespace) -> bool:
     """A pod's pause container (CRI marks it in the spec's annotations)."""
     if args.command != "create":
         return False
@@ -686,7 +771,7 @@ def _is_sandbox(args: argparse.Namespace) -> bool:
     return any(annotations.get(key) == "sandbox" for key in SANDBOX_KEYS)
 
 
-def delegate(argv: list[str], args: argparse.Namespace) -> None:
+def delegate(argv: list[str], args: Namespace) -> None:
     """Run this command with runc, its state under ROOT/.runc: a pod's pause
     container, and every later command about it, go to runc (as urunc does).
     The native front end applies the same rule itself (csrc/oci_runc.h)."""
@@ -705,7 +790,7 @@ def delegate(argv: list[str], args: argparse.Namespace) -> None:
     os.execv(runc, [runc, *globals_, *argv[i:]])
 
 
-def _delegated(args: argparse.Namespace) -> bool:
+def _delegated(args: Namespace) -> bool:
     cid = getattr(args, "id", None)
     return bool(cid) and os.path.isdir(os.path.join(args.root, RUNC_DIR, cid))
 
@@ -717,7 +802,9 @@ def main(argv: list[str] | None = None) -> int:
     if trace:
         with contextlib.suppress(OSError):
             append_private(trace, f"{time.time():.3f} {os.getpid()} {json.dumps(argv)}\n")
-    args, extra = parser().parse_known_args(argv)
+    args, extra = quick_create(argv), []
+    if args is None:
+        args, extra = parser().parse_known_args(argv)
     if args.command == "pack":
         from pyvmm.oci import image
 
