@@ -5,8 +5,11 @@
 #include <stddef.h>
 #include <string.h>
 
+#include <sched.h>
+
 #include "iothread_internal.h"
 #include "shmstream_ring.h"
+#include "spin.h"
 #include "static_check.h"
 #include "tap_io.h"
 
@@ -65,6 +68,7 @@ static int ring_service(void *ctx)
 
     if (avail > SOLO5_RING_ENTRIES) {
         s->c.bad_index++;
+        s->read_ns = 0;   /* no lingering on a broken ring */
         return 0;
     }
     while (avail-- && done < IO_BATCH) {
@@ -118,7 +122,31 @@ static int ring_service(void *ctx)
         shm_store_release(&r->ent_head, s->ent_head);
     if (committed)
         shm_store_release(&r->com_tail, s->com_tail);
+    /* Linger after reads (below), unless the ring cannot progress. */
+    if (s->stalled)
+        s->read_ns = 0;
+    else if (committed)
+        s->read_ns = clock_ns(CLOCK_MONOTONIC);
     return done;
+}
+
+/*
+ * How long the thread stays awake after committing a read, in event and
+ * hybrid mode, before it announces sleep.  A Solo5 guest's read is
+ * synchronous (it spins for the commit, then reads again until AGAIN), so
+ * a read just answered predicts the next one within microseconds; sleeping
+ * at once made every read a kick (an emulated outl on a PVM host, ~1.3 per
+ * frame measured) and a wake-up of this thread while the guest spun.
+ * Lingering passes give the CPU away (sched_yield): the guest's vCPU
+ * thread may be queued on this very CPU.  A broken index or a full commit
+ * ring ends the lingering (ring_service), so that no guest makes this
+ * thread spin on what cannot progress.
+ */
+#define RING_LINGER_NS (100u * 1000u)
+
+static int lingering(const struct solo5_link *s)
+{
+    return s->read_ns != 0 && clock_ns(CLOCK_MONOTONIC) - s->read_ns < RING_LINGER_NS;
 }
 
 static int ring_prepare_sleep(void *ctx)
@@ -127,6 +155,10 @@ static int ring_prepare_sleep(void *ctx)
     struct solo5_ring *r = s->ring;
     uint32_t pending;
 
+    if (lingering(s)) {
+        sched_yield();
+        return 0;
+    }
     __atomic_store_n(&r->needs_kick, 1, __ATOMIC_RELAXED);
     shm_full_fence();
     /* Only work that can progress keeps us awake: an impossible ent_tail,

@@ -315,8 +315,9 @@ class Solo5Rig(IoRig):
         size: int = 64 * 1024,
         usable: int | None = None,
         max_frame: int = ANY_FRAME,
+        kick: bool = False,
     ) -> None:
-        super().__init__(lib.IO_MODE_EVENT, 0)
+        super().__init__(lib.IO_MODE_EVENT, 0, kick=kick)
         self.buffer: GuardedBuffer | None = None
         self._memory = memory
         if memory is None:

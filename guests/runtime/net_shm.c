@@ -55,6 +55,8 @@ struct shm_dev {
     struct shm_ring *tx;
     uint32_t slots;
     uint32_t rx_cons;        /* ours: next RX slot to consume */
+    uint32_t rx_known;       /* frames past rx_cons the host published, as
+                              * last read: re-read only once they are used */
     uint32_t tx_prod;        /* ours: next TX slot to fill */
     uint32_t tx_unflushed;   /* frames published since the last flush */
     int rx_lent;             /* the slot at rx_cons is lent (read_zc) */
@@ -248,21 +250,28 @@ static int shm_prepare_sleep(void)
 static void shm_consume(struct shm_dev *d)
 {
     d->rx_cons++;
+    d->rx_known--;
     shm_cons_release(d->rx, d->rx_cons);
 }
 
 /* The next slot holding a frame of at most `size` bytes, left in place for
- * the caller to consume; bad ones on the way are skipped and counted. */
+ * the caller to consume; bad ones on the way are skipped and counted.
+ * The host's index is read (and checked) once per run of frames, not per
+ * frame: its cache line is the one the host writes while it produces, and
+ * slots it published stay published. */
 static solo5_result_t shm_next_frame(struct shm_dev *d, size_t size,
         struct shm_slot **slot, uint32_t *len)
 {
     for (;;) {
-        uint32_t avail = shm_cons_avail(d->rx, d->rx_cons, d->slots);
-        if (avail == 0)
-            return SOLO5_R_AGAIN;
-        if (avail == SHM_BAD) {
-            d->st.bad_index++;
-            return SOLO5_R_EUNSPEC;
+        if (d->rx_known == 0) {
+            uint32_t avail = shm_cons_avail(d->rx, d->rx_cons, d->slots);
+            if (avail == 0)
+                return SOLO5_R_AGAIN;
+            if (avail == SHM_BAD) {
+                d->st.bad_index++;
+                return SOLO5_R_EUNSPEC;
+            }
+            d->rx_known = avail;
         }
         struct shm_slot *s = shm_slot_at(d->rx, d->rx_cons, d->slots);
         /* Read the length once; the host could change it under us. */
