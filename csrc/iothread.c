@@ -36,6 +36,11 @@ int io_wake_guest(struct iothread *io)
     return 1;
 }
 
+void io_want_hand_off(struct iothread *io)
+{
+    io->hand_off = 1;
+}
+
 int io_add_service(struct iothread *io, const struct io_service_ops *ops, void *ctx)
 {
     if (!ops || !ops->service)
@@ -148,10 +153,35 @@ static void spin_pause(void)
     sched_yield();
 }
 
+/*
+ * Co-scheduling: when a service says its guest is behind (an RX ring
+ * three quarters full), the thread gives the CPU away after the pass, so
+ * that a vCPU queued on this thread's core drains the ring before the next
+ * pass reads frames that would find no slot (each read, then dropped,
+ * costs the whole read).  On a core of its own the vCPU is not queued
+ * here, and the yield returns at once (docs/modes.md, "Co-scheduling").
+ */
+static void hand_off(struct iothread *io)
+{
+    if (!io->hand_off)
+        return;
+    io->hand_off = 0;
+    io->stats.handoffs++;
+    sched_yield();
+}
+
+/* One pass, then a hand-off if it woke the vCPU: work done. */
+static int run_pass(struct iothread *io)
+{
+    int work = run_services(io);
+    hand_off(io);
+    return work;
+}
+
 static void run_poll(struct iothread *io)
 {
     while (!io->stop) {
-        if (run_services(io))
+        if (run_pass(io))
             io->stats.busy_passes++;
         else {
             io->stats.idle_spins++;
@@ -163,7 +193,7 @@ static void run_poll(struct iothread *io)
 static void run_event(struct iothread *io)
 {
     while (!io->stop) {
-        while (!io->stop && run_services(io))
+        while (!io->stop && run_pass(io))
             io->stats.busy_passes++;
         if (prepare_sleep(io))
             sleep_until_event(io);
@@ -180,7 +210,7 @@ static void run_hybrid(struct iothread *io)
     uint64_t last_work = clock_ns(CLOCK_MONOTONIC);
 
     while (!io->stop) {
-        if (run_services(io)) {
+        if (run_pass(io)) {
             io->stats.busy_passes++;
             last_work = clock_ns(CLOCK_MONOTONIC);
             continue;

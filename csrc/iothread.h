@@ -62,6 +62,7 @@ struct io_stats {
     uint64_t sleeps;             /* times the thread went to sleep */
     uint64_t busy_passes;        /* passes over the rings that moved frames */
     uint64_t idle_spins;         /* passes that found nothing (poll, hybrid) */
+    uint64_t handoffs;           /* yields to a guest behind on its RX ring */
 };
 
 struct iothread;

@@ -77,6 +77,7 @@ struct iothread {
     int tid;            /* the thread's kernel id, once it runs */
     volatile int stop;
     int wake_armed;     /* 1: the vCPU waits for (or will check) wake_fd */
+    int hand_off;       /* after this pass, give the CPU to the vCPU (own) */
     int pause_req;      /* io_pause asked the thread to hold between passes */
     int paused;         /* the thread holds (io_pause waits for it) */
     pthread_t thread;
@@ -94,5 +95,8 @@ struct iothread {
  * wake_fd if it is armed for a wake-up (1: woken, 0: suppressed). */
 void io_notify(int fd);
 int io_wake_guest(struct iothread *io);
+/* A service's request: the guest is behind (its RX ring nearly full), so
+ * let it run before the next pass reads frames it has no room for. */
+void io_want_hand_off(struct iothread *io);
 
 #endif

@@ -65,12 +65,19 @@ static int service_tx(struct io_link *l)
  * once per batch, only if it sleeps and no wake-up is already pending. */
 static void publish_rx(struct iothread *io, struct io_link *l)
 {
+    uint32_t space;
+
     shm_prod_publish(l->rx, l->rx_prod);
     if (shm_prod_needs_notify(l->rx) && io_wake_guest(io)) {
         l->c.notify_sent++;
     } else {
         l->c.notify_suppressed++;
     }
+    /* Three quarters full: the guest is behind, let it run (a broken
+     * index is no reason to: a guest must not steer the thread). */
+    space = shm_prod_space(l->rx, l->rx_prod, l->slots);
+    if (space != SHM_BAD && space < l->slots / 4)
+        io_want_hand_off(io);
 }
 
 /*

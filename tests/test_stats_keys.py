@@ -135,8 +135,9 @@ IN_C = {
         )
     ),
 }
-# Added within pyvmm-stats/1: the IO thread's context switches.
-SWITCHES = ("voluntary_switches", "involuntary_switches")
+# Added within pyvmm-stats/1: the IO thread's context switches, and its
+# yields after a pass that woke the vCPU (docs/modes.md, co-scheduling).
+SWITCHES = ("voluntary_switches", "involuntary_switches", "handoffs")
 SHM_DEVICE = (
     "rx_frames",
     "rx_bytes",
