@@ -26,6 +26,13 @@ void pyvmm_arch_decode_exit(const struct kvm_run *run, struct pyvmm_exit *exit)
         exit->fault_gpa = run->arm_nisv.fault_ipa;
         exit->hw_reason = run->arm_nisv.esr_iss;
         break;
+    case KVM_EXIT_DEBUG:
+        /* KVM_SET_GUEST_DEBUG's exit: which debug exception (the syndrome's
+         * class: step, breakpoint, brk, watchpoint) and, for a watchpoint,
+         * the address the guest accessed, for the GDB stub. */
+        exit->debug_hsr = run->debug.arch.hsr;
+        exit->debug_far = run->debug.arch.far;
+        break;
     case KVM_EXIT_SYSTEM_EVENT:
         /* PSCI SYSTEM_OFF / SYSTEM_RESET from the guest. */
         exit->hw_reason = run->system_event.type;

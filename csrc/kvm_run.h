@@ -28,7 +28,8 @@ struct pyvmm_exit {
     uint64_t debug_dr6;
     uint64_t debug_dr7;
     uint32_t debug_exception; /* 1 (#DB) or 3 (#BP) */
-    uint32_t debug_pad;
+    uint32_t debug_hsr;       /* arm64: ESR_EL2[31:0], the exception class in 31:26 */
+    uint64_t debug_far;       /* arm64: the address a watchpoint caught */
 };
 
 /* KVM_EXIT_MEMORY_FAULT (Linux 6.8+), defined here for older headers. */

@@ -50,8 +50,9 @@ Interrupted = _exit(
 )
 Debug = _exit(
     "Debug",
-    "exception pc dr6 dr7",
-    "KVM_EXIT_DEBUG: a single step or a hardware breakpoint asked with KVM_SET_GUEST_DEBUG.",
+    "exception pc dr6 dr7 hsr far",
+    "KVM_EXIT_DEBUG: a single step, a breakpoint or a watchpoint asked with KVM_SET_GUEST_DEBUG"
+    " (x86_64: exception, pc, dr6, dr7; arm64: the syndrome hsr and, for a watchpoint, far).",
 )
 UnknownExit = _exit("UnknownExit", "reason hardware_reason", "An exit pyvmm does not decode.")
 
@@ -94,5 +95,12 @@ def decode(exit) -> VcpuExit:
     if reason == lib.KVM_EXIT_SYSTEM_EVENT:
         return SystemEvent()
     if reason == lib.KVM_EXIT_DEBUG:
-        return Debug(exit.debug_exception, exit.debug_pc, exit.debug_dr6, exit.debug_dr7)
+        return Debug(
+            exit.debug_exception,
+            exit.debug_pc,
+            exit.debug_dr6,
+            exit.debug_dr7,
+            exit.debug_hsr,
+            exit.debug_far,
+        )
     return UnknownExit(reason, exit.hw_reason)

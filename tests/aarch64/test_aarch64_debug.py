@@ -6,7 +6,8 @@ under KVM_GUESTDBG_USE_SW_BP) at solo5_app_main from the ELF's symbols,
 registers read and written through KVM_{GET,SET}_ONE_REG (x0-x30, sp,
 pc, cpsr, v0-v31, fpsr, fpcr), memory through the accessor, a single step
 (KVM_GUESTDBG_SINGLESTEP), a hardware breakpoint where KVM offers one,
-Ctrl-C, a faulting guest stopping at its faulting instruction, and the
+write, read and access watchpoints (stopping before the access, stepped
+over on resume), Ctrl-C, a faulting guest stopping at its faulting instruction, and the
 guest running to its exit. The core: EM_AARCH64, NT_PRSTATUS in Linux's
 aarch64 layout whose pc is the faulting instruction, NT_PRFPREG, memory
 as a PT_LOAD."""
@@ -211,6 +212,94 @@ def test_hardware_breakpoint_where_kvm_offers_one(stub):
     assert c.ask(b"z1,%x,4" % main) == b"OK"
     assert c.ask(b"c") == b"W00"
     assert s.finish()[2] == 0
+
+
+def _watch_stub(stub) -> tuple[Stub, int, int]:
+    """gdbtarget (its start code clears gdb_last with the BSS, twice()
+    stores gdb_last = 2 * 41, then loads it back),
+    after checking this KVM offers watchpoint registers."""
+    from pyvmm.arch.aarch64 import debug
+    from pyvmm.kvm import System
+
+    with System() as system:
+        offered = system.check_extension(debug.KVM_CAP_GUEST_DEBUG_HW_WPS)
+    # QEMU's "max" CPU has watchpoint registers and arm64 KVM offers them.
+    assert offered > 0, "this KVM offers no watchpoints: Z2-Z4 get the empty reply there"
+    kernel = guest("gdbtarget")
+    return stub(kernel), symbol(kernel, "gdb_last"), symbol(kernel, "twice")
+
+
+def _access(c: RawClient, pc: int) -> str:
+    """Whether the instruction at pc is a "store" or a "load" (a 32-bit
+    register access with an unsigned offset, STR/LDR Wt, [Xn, #imm], as
+    twice() has)."""
+    insn = u64(c.ask(b"m%x,4" % pc))
+    assert insn & 0xFFC00000 in (0xB9000000, 0xB9400000), hex(insn)
+    return "load" if insn & 0x00400000 else "store"
+
+
+def _gdb_last(c: RawClient, where: int) -> int:
+    return int.from_bytes(bytes.fromhex(c.ask(b"m%x,4" % where).decode()), "little")
+
+
+def test_write_watchpoint_stops_at_the_store_before_it_completes(stub):
+    s, last, twice = _watch_stub(stub)
+    c = s.client
+    # Lengths and alignments one register pair cannot watch: E, no crash.
+    for bad in (b"Z2,%x,3" % last, b"Z2,%x,10" % last, b"Z2,%x,4" % (last + 2), b"Z2,%x,0" % last):
+        assert c.ask(bad).startswith(b"E"), bad
+    assert c.ask(b"?").startswith(b"T05")
+    assert c.ask(b"Z2,%x,4" % last) == b"OK"
+    # The first store is the start code's, clearing the BSS; continuing
+    # steps over it (the watchpoint left in place) to twice()'s store.
+    assert c.ask(b"c") == b"T05thread:01;watch:%x;" % last
+    assert entry(s.kernel) <= u64(c.ask(b"p%x" % PC)) < twice
+    stop = c.ask(b"c")
+    assert stop == b"T05thread:01;watch:%x;" % last, stop
+    pc = u64(c.ask(b"p%x" % PC))
+    assert twice <= pc < twice + 0x40, (hex(pc), hex(twice))
+    assert _access(c, pc) == "store"  # the writing instruction
+    assert _gdb_last(c, last) == 0  # stopped before the store
+    assert c.ask(b"s") == b"T05thread:01;"  # the step runs the store, no second hit
+    assert u64(c.ask(b"p%x" % PC)) == pc + 4
+    assert _gdb_last(c, last) == 82
+    assert c.ask(b"z2,%x,4" % last) == b"OK"
+    assert c.ask(b"c") == b"W01"  # gdb_answer stayed 41
+    out, err, status = s.finish()
+    assert "gdbtarget: answer 41, doubled 82" in out, out + err
+    assert status == 1, err
+
+
+def test_read_and_access_watchpoints_and_continue_steps_over_the_access(stub):
+    s, last, twice = _watch_stub(stub)
+    c = s.client
+    # A read watchpoint ignores the store: its first stop is the load,
+    # with the stored value already there.
+    assert c.ask(b"Z3,%x,4" % last) == b"OK"
+    stop = c.ask(b"c")
+    assert stop == b"T05thread:01;rwatch:%x;" % last, stop
+    load = u64(c.ask(b"p%x" % PC))
+    assert twice <= load < twice + 0x40 and _access(c, load) == "load"
+    assert _gdb_last(c, last) == 82
+    assert c.ask(b"z3,%x,4" % last) == b"OK"
+    assert c.ask(b"c") == b"W01"
+    assert s.finish()[2] == 1
+    # An access watchpoint on one byte of it, left in place: the store,
+    # then (continue steps over the store and re-arms it) the load.
+    s, last, _ = _watch_stub(stub)
+    c = s.client
+    assert c.ask(b"Z0,%x,4" % twice) == b"OK"  # past the start code's BSS clearing
+    assert b"swbreak" in c.ask(b"c")
+    assert c.ask(b"z0,%x,4" % twice) == b"OK"
+    assert c.ask(b"Z4,%x,1" % last) == b"OK"
+    assert c.ask(b"c") == b"T05thread:01;awatch:%x;" % last
+    store = u64(c.ask(b"p%x" % PC))
+    assert _access(c, store) == "store" and _gdb_last(c, last) == 0
+    assert c.ask(b"c") == b"T05thread:01;awatch:%x;" % last
+    assert u64(c.ask(b"p%x" % PC)) == load != store
+    assert c.ask(b"c") == b"W01"  # nothing else touches gdb_last
+    out, err, status = s.finish()
+    assert "doubled 82" in out and status == 1, out + err
 
 
 def _text(kernel: Path, address: int) -> bytes:

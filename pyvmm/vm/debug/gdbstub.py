@@ -10,8 +10,8 @@ when it faults; it ends in gdb as a process would (``W``/``X`` replies).
 How each mode breaks and steps (docs/debugging.md, docs/pvm.md):
 
 - level 0 (``kernel`` mode): KVM_SET_GUEST_DEBUG, single step and up to
-  four hardware breakpoints or watchpoints in DR0-DR3 (``int3`` cannot run
-  here: kvm_pvm's emulator stops), so Z0 is a hardware breakpoint too;
+  four hardware breakpoints in DR0-DR3 (``int3`` cannot run here:
+  kvm_pvm's emulator stops), so Z0 is a hardware breakpoint too;
 - deprivileged: the guest's #DB and ``int3`` enter pyvmm's own trap stubs
   (pyvmm/arch/x86_64/traps.py), which hand them to ``trap_stop`` here
   instead of the guest: rflags.TF in the trap frame for a single step,
@@ -19,8 +19,11 @@ How each mode breaks and steps (docs/debugging.md, docs/pvm.md):
 - user mode at level 3: neither (no IDT of pyvmm's there), so refused;
 - aarch64: KVM_SET_GUEST_DEBUG with arm64's debug registers
   (pyvmm/arch/aarch64/debug.py): ``brk #0`` written over the guest's text
-  for Z0 (KVM_GUESTDBG_USE_SW_BP), hardware breakpoints for Z1 where KVM
-  offers them, KVM_GUESTDBG_SINGLESTEP for a step.
+  for Z0 (KVM_GUESTDBG_USE_SW_BP), hardware breakpoints for Z1 and
+  watchpoints for Z2-Z4 where KVM offers them, KVM_GUESTDBG_SINGLESTEP for
+  a step; the exit's syndrome says which one stopped the guest. A
+  watchpoint stops the guest before the access: resuming steps over it
+  with the watchpoints off first.
 
 Memory goes through the guest-memory accessor (pyvmm/kvm/memory.py): an
 address outside the guest is an ``E`` reply, never a host access. Ctrl-C
@@ -130,6 +133,12 @@ class GdbStub:
         #: Hardware breakpoint slots: DR0-DR3 at level 0, what arm64 KVM offers.
         self.hw_slots = a64debug.hardware_breakpoints(vcpu) if AARCH64 else HW_SLOTS
         self.hardware: dict[tuple[int, int, int], None] = {}  # (Z type, address, length)
+        #: aarch64's watchpoint registers (x86_64: none, see _breakpoint).
+        self.watch_slots = a64debug.hardware_watchpoints(vcpu) if AARCH64 else 0
+        self.watchpoints: dict[tuple[int, int, int], None] = {}  # (Z type, address, length)
+        #: Stopped at a watchpoint: the next resume first steps the access
+        #: with the watchpoints off (it would only trigger again).
+        self.over_watch = False
         self.stepping = False
         self.last_stop = b"T05thread:01;"
         self._debug_state: tuple | None = None
@@ -361,7 +370,7 @@ class GdbStub:
         if not self.attached:
             return False
         if AARCH64:
-            return self._aarch64_debug_exit()
+            return self._aarch64_debug_exit(exit)
         self._halted()
         hit = exit.dr6 & 0xF
         reason = b""
@@ -378,17 +387,31 @@ class GdbStub:
         self._stop(VcpuView(self.vcpu), b"T05thread:01;" + reason)
         return True
 
-    def _aarch64_debug_exit(self) -> bool:
-        """Which of the stub's it was, from where the guest stopped (pyvmm's
-        exit record carries x86's debug fields only): at one of its
-        breakpoints (brk or hardware: pc is the address), else a step."""
+    def _aarch64_debug_exit(self, exit: Debug) -> bool:
+        """Which of the stub's it was, by the syndrome's exception class:
+        a brk at one of its breakpoints, a hardware breakpoint, a step
+        (its own step over a watchpoint: the guest goes on), a watchpoint
+        (which one from the address accessed)."""
+        ec = a64debug.exception_class(exit.hsr)
         view = Aarch64View(self.vcpu)
-        pc = view.read()["pc"]
-        if pc in self.breakpoints:
+        if ec in a64debug.EC_STEP and self.over_watch:
+            self.over_watch = False
+            if not self.stepping:  # continue: the watchpoints back on
+                self._apply_debug()
+                return True
+            reason = b""
+        elif ec in a64debug.EC_WATCH:
+            hit = a64debug.watch_hit(exit.far, list(self.watchpoints))
+            if hit is None:
+                return False
+            kind, address, _ = hit
+            reason = b"%s:%x;" % (a64debug.WATCH_REPLY[kind], address)
+            self.over_watch = True
+        elif ec == a64debug.EC_BRK and view.read()["pc"] in self.breakpoints:
             reason = b"swbreak:;"
-        elif (1, pc, 1) in self.hardware or (0, pc, 1) in self.hardware:
+        elif ec in a64debug.EC_HW_BREAK and self.hardware:
             reason = b"hwbreak:;"
-        elif self.stepping:
+        elif ec in a64debug.EC_STEP and self.stepping:
             reason = b""
         else:
             return False
@@ -503,6 +526,8 @@ class GdbStub:
         for address in list(self.breakpoints):
             self._remove_breakpoint(address)
         self.hardware.clear()
+        self.watchpoints.clear()
+        self.over_watch = False
         self.stepping = False
         if view is not None and self.deprivileged:
             try:
@@ -680,17 +705,15 @@ class GdbStub:
         kind, _, where = rest.partition(b",")
         address, length = _address_length(where.split(b";", 1)[0])
         kind = int(kind)
+        if kind in (2, 3, 4):
+            return self._watchpoint(insert, kind, address, length)
         if kind == 0 and self.software:
             if insert:
                 return self._insert_breakpoint(address)
             self._remove_breakpoint(address)
             return b"OK"
         if self.deprivileged or kind not in (0, 1) or not self.hw_slots:
-            # Deprivileged: no hardware breakpoints; watchpoints (Z2-Z4):
-            # kvm_pvm's level-0 emulator fires no data breakpoint (measured,
-            # docs/debugging.md), so gdb falls back to its software ones
-            # (on aarch64 too: the stub asks for no watchpoints there).
-            return b""
+            return b""  # deprivileged: no hardware breakpoints
         key = (kind, address, 1)
         if insert:
             if key not in self.hardware and len(self.hardware) >= self.hw_slots:
@@ -698,6 +721,23 @@ class GdbStub:
             self.hardware[key] = None
         else:
             self.hardware.pop(key, None)
+        return b"OK"
+
+    def _watchpoint(self, insert: bool, kind: int, address: int, length: int) -> bytes:
+        """Z2-Z4: arm64's watchpoint registers where KVM offers them. x86_64
+        has none: kvm_pvm's level-0 emulator fires no data breakpoint
+        (measured, docs/debugging.md) and deprivileged mode has no debug
+        registers, so gdb falls back to its software watchpoints."""
+        if not self.watch_slots:
+            return b""
+        key = (kind, address, length)
+        if not insert:
+            self.watchpoints.pop(key, None)
+            return b"OK"
+        a64debug.watch_registers(kind, address, length)  # ValueError: E01
+        if key not in self.watchpoints and len(self.watchpoints) >= self.watch_slots:
+            return _E_NOSPC.encode()
+        self.watchpoints[key] = None
         return b"OK"
 
     def _insert_breakpoint(self, address: int) -> bytes:
@@ -722,15 +762,19 @@ class GdbStub:
         from pyvmm.kvm import vcpu as kvm_vcpu
 
         slots = self._slots()
-        state = (self.stepping, tuple(slots), bool(self.breakpoints))
+        # Stepping over a watchpoint's access: one step, no watchpoint.
+        watches = () if self.over_watch else tuple(self.watchpoints)
+        step = self.stepping or self.over_watch
+        state = (step, tuple(slots), bool(self.breakpoints), watches)
         if state == self._debug_state:
             return
         if AARCH64:
             a64debug.set_guest_debug(
                 self.vcpu,
-                step=self.stepping,
+                step=step,
                 software=bool(self.breakpoints),
                 breakpoints=tuple(address for _, address, _ in slots),
+                watchpoints=watches,
             )
             self._debug_state = state
             return
