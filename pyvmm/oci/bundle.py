@@ -372,13 +372,27 @@ def read_bundle(bundle: str, config: dict | None = None) -> Unikernel:
     return result
 
 
+def _declared_devices(path: str) -> list[dict]:
+    """The manifest's devices (name and type, as ``pyvmm --query-manifest
+    --json`` lists them), its notes checked as the query checks them,
+    without the query's option column: that imports every device kind,
+    which cost create ~8 ms (docs/orchestration.md)."""
+    from pyvmm.loader import Manifest, parse_elf, read_abi, read_capabilities
+    from pyvmm.loader.kernel import _read_file
+
+    image = parse_elf(_read_file(path), path)
+    read_abi(image, legacy=True)
+    read_capabilities(image)
+    entries = Manifest.from_image(image).devices()
+    return [{"name": e.name, "type": e.type.solo5_name} for e in entries]
+
+
 def _fill(result: Unikernel, bundle: str, config: dict, root_fd: int) -> None:
     """Everything after the unikernel is open (which ``result`` holds)."""
-    from pyvmm.command.query import describe
     from pyvmm.common.errors import PyvmmError
 
     try:
-        result.devices = describe(result.path)["devices"]
+        result.devices = _declared_devices(result.path)
     except PyvmmError as err:
         msg = str(err).replace(result.path, shown(result.inner))
         raise BundleError(f"not a unikernel image: {msg}") from err
