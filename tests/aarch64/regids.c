@@ -52,6 +52,7 @@ int main(void)
     printf("KVM_GUESTDBG_USE_SW_BP %lu\n", (unsigned long)KVM_GUESTDBG_USE_SW_BP);
     printf("KVM_GUESTDBG_USE_HW %lu\n", (unsigned long)KVM_GUESTDBG_USE_HW);
     printf("KVM_CAP_GUEST_DEBUG_HW_BPS %lu\n", (unsigned long)KVM_CAP_GUEST_DEBUG_HW_BPS);
+    printf("KVM_CAP_GUEST_DEBUG_HW_WPS %lu\n", (unsigned long)KVM_CAP_GUEST_DEBUG_HW_WPS);
     printf("sizeof_kvm_regs %zu\n", sizeof(struct kvm_regs));
     printf("offsetof_fp_regs %zu\n", offsetof(struct kvm_regs, fp_regs));
     printf("sizeof_kvm_vcpu_init %zu\n", sizeof(struct kvm_vcpu_init));

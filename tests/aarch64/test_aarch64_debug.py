@@ -101,6 +101,7 @@ def test_register_and_debug_ids_match_the_kernel_headers():
     assert int(printed["KVM_GUESTDBG_USE_SW_BP"]) == debug.GUESTDBG_USE_SW_BP
     assert int(printed["KVM_GUESTDBG_USE_HW"]) == debug.GUESTDBG_USE_HW
     assert int(printed["KVM_CAP_GUEST_DEBUG_HW_BPS"]) == debug.KVM_CAP_GUEST_DEBUG_HW_BPS
+    assert int(printed["KVM_CAP_GUEST_DEBUG_HW_WPS"]) == debug.KVM_CAP_GUEST_DEBUG_HW_WPS
 
 
 def test_break_at_solo5_app_main_registers_step_memory_and_exit(stub):
@@ -214,7 +215,7 @@ def test_hardware_breakpoint_where_kvm_offers_one(stub):
     assert s.finish()[2] == 0
 
 
-def _watch_stub(stub) -> tuple[Stub, int, int]:
+def _watch_stub(stub) -> tuple[Stub, int, int, int]:
     """gdbtarget (its start code clears gdb_last with the BSS, twice()
     stores gdb_last = 2 * 41, then loads it back),
     after checking this KVM offers watchpoint registers."""
@@ -226,7 +227,7 @@ def _watch_stub(stub) -> tuple[Stub, int, int]:
     # QEMU's "max" CPU has watchpoint registers and arm64 KVM offers them.
     assert offered > 0, "this KVM offers no watchpoints: Z2-Z4 get the empty reply there"
     kernel = guest("gdbtarget")
-    return stub(kernel), symbol(kernel, "gdb_last"), symbol(kernel, "twice")
+    return stub(kernel), symbol(kernel, "gdb_last"), symbol(kernel, "twice"), offered
 
 
 def _access(c: RawClient, pc: int) -> str:
@@ -243,8 +244,15 @@ def _gdb_last(c: RawClient, where: int) -> int:
 
 
 def test_write_watchpoint_stops_at_the_store_before_it_completes(stub):
-    s, last, twice = _watch_stub(stub)
+    s, last, twice, offered = _watch_stub(stub)
     c = s.client
+    # As many as KVM offers, then E (no space); removed again.
+    spare = [(twice & ~7) + 8 * i for i in range(offered)]  # text: never written
+    for address in spare:
+        assert c.ask(b"Z2,%x,8" % address) == b"OK"
+    assert c.ask(b"Z2,%x,4" % last) == b"E1c"
+    for address in spare:
+        assert c.ask(b"z2,%x,8" % address) == b"OK"
     # Lengths and alignments one register pair cannot watch: E, no crash.
     for bad in (b"Z2,%x,3" % last, b"Z2,%x,10" % last, b"Z2,%x,4" % (last + 2), b"Z2,%x,0" % last):
         assert c.ask(bad).startswith(b"E"), bad
@@ -271,7 +279,7 @@ def test_write_watchpoint_stops_at_the_store_before_it_completes(stub):
 
 
 def test_read_and_access_watchpoints_and_continue_steps_over_the_access(stub):
-    s, last, twice = _watch_stub(stub)
+    s, last, twice, _ = _watch_stub(stub)
     c = s.client
     # A read watchpoint ignores the store: its first stop is the load,
     # with the stored value already there.
@@ -286,7 +294,7 @@ def test_read_and_access_watchpoints_and_continue_steps_over_the_access(stub):
     assert s.finish()[2] == 1
     # An access watchpoint on one byte of it, left in place: the store,
     # then (continue steps over the store and re-arms it) the load.
-    s, last, _ = _watch_stub(stub)
+    s, last, _, _ = _watch_stub(stub)
     c = s.client
     assert c.ask(b"Z0,%x,4" % twice) == b"OK"  # past the start code's BSS clearing
     assert b"swbreak" in c.ask(b"c")
