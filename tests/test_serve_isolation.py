@@ -18,6 +18,7 @@ from conftest import ROOT, guest
 
 pytestmark = pytest.mark.kvm
 
+
 #: What a VM's own process holds: its console, KVM's objects, its eventfds,
 #: the signalfd of SIGUSR1, its own image (the lease on it), and the
 #: launcher's fds it let go of, each left as /dev/null.
