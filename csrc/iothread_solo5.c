@@ -132,21 +132,27 @@ static int ring_service(void *ctx)
 
 /*
  * How long the thread stays awake after committing a read, in event and
- * hybrid mode, before it announces sleep.  A Solo5 guest's read is
- * synchronous (it spins for the commit, then reads again until AGAIN), so
- * a read just answered predicts the next one within microseconds; sleeping
- * at once made every read a kick (an emulated outl on a PVM host, ~1.3 per
- * frame measured) and a wake-up of this thread while the guest spun.
- * Lingering passes give the CPU away (sched_yield): the guest's vCPU
- * thread may be queued on this very CPU.  A broken index or a full commit
- * ring ends the lingering (ring_service), so that no guest makes this
- * thread spin on what cannot progress.
+ * hybrid mode, before it announces sleep, when it has a CPU of its own
+ * (--pin).  A Solo5 guest's read is synchronous (it spins for the commit,
+ * then reads again until AGAIN), so a read just answered predicts the next
+ * one within microseconds; sleeping at once made every read a kick (an
+ * emulated outl on a PVM host, ~1 per frame measured) and a wake-up of
+ * this thread while the guest spun.  Lingering passes give the CPU away
+ * (sched_yield).  Unpinned, the thread may share the guest's CPU, and
+ * there sleeping is the better hand-off: the kick's wake-up lets this
+ * thread preempt the spinning guest, where a lingering thread waits for
+ * the guest's time slice to end.  A broken index or a full commit ring
+ * ends the lingering (ring_service), so that no guest makes this thread
+ * spin on what cannot progress.
  */
 #define RING_LINGER_NS (100u * 1000u)
 
 static int lingering(const struct solo5_link *s)
 {
-    return s->read_ns != 0 && clock_ns(CLOCK_MONOTONIC) - s->read_ns < RING_LINGER_NS;
+    const struct iothread *io =
+        (const struct iothread *)((const char *)s - offsetof(struct iothread, s5));
+    return io->cpu >= 0 && s->read_ns != 0 &&
+           clock_ns(CLOCK_MONOTONIC) - s->read_ns < RING_LINGER_NS;
 }
 
 static int ring_prepare_sleep(void *ctx)

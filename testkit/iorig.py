@@ -105,11 +105,12 @@ class IoRig:
         *,
         kick: bool = False,
         wake: bool = False,
+        cpu: int = -1,
     ) -> None:
         self._socks: list[socket.socket] = []
         self.kick = _eventfd() if kick else -1
         self.wake = _eventfd() if wake else -1
-        self.io = lib.io_create(mode, budget_us, -1, self.kick, self.wake)
+        self.io = lib.io_create(mode, budget_us, cpu, self.kick, self.wake)
         if self.io == ffi.NULL:
             self._close_fds()
             raise AssertionError("io_create failed")
@@ -199,8 +200,9 @@ class ShmRig(IoRig):
         kick: bool = True,
         wake: bool = True,
         backend_fd: int | None = None,
+        cpu: int = -1,
     ) -> None:
-        super().__init__(mode, budget_us, kick=kick, wake=wake)
+        super().__init__(mode, budget_us, kick=kick, wake=wake, cpu=cpu)
         self.slots = slots
         self.ring_size = int(kit.shm_test_ring_size(slots))
         self.buffer = GuardedBuffer(self.ring_size, self.ring_size)
@@ -316,8 +318,9 @@ class Solo5Rig(IoRig):
         usable: int | None = None,
         max_frame: int = ANY_FRAME,
         kick: bool = False,
+        cpu: int = -1,
     ) -> None:
-        super().__init__(lib.IO_MODE_EVENT, 0, kick=kick)
+        super().__init__(lib.IO_MODE_EVENT, 0, kick=kick, cpu=cpu)
         self.buffer: GuardedBuffer | None = None
         self._memory = memory
         if memory is None:
