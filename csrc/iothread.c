@@ -25,6 +25,8 @@ void io_notify(int fd)
 
 void io_arm_wake(struct iothread *io)
 {
+    /* The vCPU thread, about to sleep: where it is (co-scheduling). */
+    __atomic_store_n(&io->vcpu_cpu, sched_getcpu(), __ATOMIC_RELAXED);
     __atomic_store_n(&io->wake_armed, 1, __ATOMIC_SEQ_CST);
 }
 
@@ -158,14 +160,19 @@ static void spin_pause(void)
  * three quarters full), the thread gives the CPU away after the pass, so
  * that a vCPU queued on this thread's core drains the ring before the next
  * pass reads frames that would find no slot (each read, then dropped,
- * costs the whole read).  On a core of its own the vCPU is not queued
- * here, and the yield returns at once (docs/modes.md, "Co-scheduling").
+ * costs the whole read).  Only when the vCPU is pinned to this thread's
+ * core: elsewhere it is not queued here (docs/modes.md, "Co-scheduling").
  */
 static void hand_off(struct iothread *io)
 {
     if (!io->hand_off)
         return;
     io->hand_off = 0;
+    /* Only to a vCPU known to share this thread's core: both pinned
+     * there (--pin), and the vCPU last went to sleep on it.  Unpinned,
+     * the hand-off measured worse in event mode (docs/modes.md). */
+    if (io->cpu < 0 || __atomic_load_n(&io->vcpu_cpu, __ATOMIC_RELAXED) != io->cpu)
+        return;
     io->stats.handoffs++;
     sched_yield();
 }
@@ -270,6 +277,7 @@ struct iothread *io_create(int mode, uint32_t budget_us, int cpu, int kick_fd, i
     io->kick_fd = kick_fd;
     io->wake_fd = wake_fd;
     io->wake_armed = 1;
+    io->vcpu_cpu = -1;
     io->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     io->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (io->stop_fd < 0 || io->epfd < 0) {

@@ -78,6 +78,7 @@ struct iothread {
     volatile int stop;
     int wake_armed;     /* 1: the vCPU waits for (or will check) wake_fd */
     int hand_off;       /* after this pass, give the CPU to the vCPU (own) */
+    int vcpu_cpu;       /* where the vCPU last armed its wake-up, or -1 */
     int pause_req;      /* io_pause asked the thread to hold between passes */
     int paused;         /* the thread holds (io_pause waits for it) */
     pthread_t thread;

@@ -647,25 +647,38 @@ def run_traffic(rig: Rig, n_rx: int, n_tx: int, window: int, timeout: float) -> 
 
 
 @pytest.mark.parametrize("mode", list(MODES.values()), ids=list(MODES))
-def test_thread_hands_off_only_to_a_guest_behind_on_its_rx_ring(rigs, mode: int):
+def test_thread_hands_off_only_to_a_guest_behind_on_its_core(rigs, mode: int):
     """Co-scheduling (docs/modes.md): the thread yields to the vCPU after a
-    pass that left the RX ring three quarters full, and never while the
+    pass that left the RX ring three quarters full, only when it is pinned
+    and the vCPU last armed its wake-up on that core, and never while the
     guest keeps up; seen in its ``handoffs`` counter."""
-    rig = rigs(slots=16, mode=mode, budget_us=200)
-    rig.start()
-    rig.backend_send([rx_frame(i) for i in range(4)])  # a quarter full: room enough
-    wait_until(lambda: rig.counters.rx_frames == 4, "the first frames never arrived")
-    assert rig.stats.handoffs == 0
-    rig.backend_send([rx_frame(i) for i in range(4, 13)])  # 13 of 16: behind
-    wait_until(lambda: rig.counters.rx_frames == 13, "the next frames never arrived")
-    wait_until(lambda: rig.stats.handoffs >= 1, "the thread never handed off")
-    handed = rig.stats.handoffs
-    assert rig.guest_receive() == [rx_frame(i) for i in range(13)]
-    rig.backend_send([rx_frame(13)])  # the ring drained: room again
-    wait_until(lambda: rig.counters.rx_frames == 14, "the last frame never arrived")
-    rig.stop(30)
-    assert rig.stats.handoffs == handed
-    assert rig.count()["rx_drops_full"] == 0
+    cpu = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})  # the "vCPU" (this thread) on the IO thread's core
+    try:
+        unpinned = rigs(slots=16, mode=mode, budget_us=200)
+        rig = rigs(slots=16, mode=mode, budget_us=200, cpu=cpu)
+        for r in (unpinned, rig):
+            r.start()
+            r.backend_send([rx_frame(i) for i in range(13)])  # 13 of 16: behind
+            wait_until(lambda r=r: r.counters.rx_frames == 13, "the frames never arrived")
+            assert r.stats.handoffs == 0  # no vCPU seen on the core yet
+            assert r.guest_receive() == [rx_frame(i) for i in range(13)]
+            lib.io_arm_wake(r.io)  # the "vCPU" goes to sleep on this core
+            r.backend_send([rx_frame(i) for i in range(13, 17)])  # a quarter: room
+            wait_until(lambda r=r: r.counters.rx_frames == 17, "the next frames never arrived")
+            assert r.stats.handoffs == 0
+            r.backend_send([rx_frame(i) for i in range(17, 26)])  # 13 of 16 again
+            wait_until(lambda r=r: r.counters.rx_frames == 26, "the last frames never arrived")
+        wait_until(lambda: rig.stats.handoffs >= 1, "the pinned thread never handed off")
+        for r in (unpinned, rig):
+            r.stop(30)
+    finally:
+        os.sched_setaffinity(0, before)
+    assert unpinned.stats.handoffs == 0  # its vCPU's core is not known to be its own
+    for r in (unpinned, rig):
+        assert r.guest_receive() == [rx_frame(i) for i in range(13, 26)]
+        assert r.count()["rx_drops_full"] == 0
 
 
 @pytest.mark.parametrize("mode", list(MODES.values()), ids=list(MODES))
