@@ -207,6 +207,8 @@ STATS_KEYS = {
     "privilege",
     "seconds",
     "vcpu_thread_cpu_ns",
+    "vcpu_thread_voluntary_switches",
+    "vcpu_thread_involuntary_switches",
 }
 
 
