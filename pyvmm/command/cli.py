@@ -299,7 +299,7 @@ OPTIONS: tuple[CliOption | object, ...] = (
     CliOption(
         ("--user",),
         "USER",
-        "drop to USER (and its groups) once every\ndevice is open, before the guest starts",
+        "drop to USER (a name, with its groups, or\nUID:GID) once every device is open,\nbefore the guest starts",
         _set("user", _text),
     ),
     CliOption(

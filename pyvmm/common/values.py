@@ -3,6 +3,9 @@ one rule serves every option that takes a count, a size or a time."""
 
 from pyvmm.common.errors import UsageError
 
+#: The most a user or group id can be (2**32 - 1 is the kernel's "no id").
+MAX_ID = 2**32 - 2
+
 
 def is_decimal(text: str) -> bool:
     """ASCII digits only (str.isdigit alone accepts other scripts' digits)."""

@@ -31,6 +31,7 @@ import sys
 
 from pyvmm._native import ffi, lib
 from pyvmm.common.errors import HostError
+from pyvmm.common.values import MAX_ID, is_decimal
 
 # What a thread of pyvmm may still ask the kernel for while the guest runs,
 # whatever the arguments. Added in C with argument checks: tgkill (to this
@@ -287,17 +288,37 @@ def _closed(made: object) -> None:
         made.close()
 
 
-def drop_privileges(user: str) -> None:
-    """Become ``user`` (and its groups) for good; the devices stay open."""
+def resolve_user(user: str) -> tuple[int, int, str | None]:
+    """--user's USER: a name from the host's user database, or ``UID:GID``
+    in numbers, which is what an OCI bundle's process.user gives (ids that
+    need no name on the host). Returns the uid, the gid and the name (None
+    for numbers: the run then keeps no supplementary group)."""
     import pwd
 
+    uid_text, colon, gid_text = user.partition(":")
+    if colon:
+        if not (is_decimal(uid_text) and is_decimal(gid_text)):
+            raise HostError(f"--user={user}: not a user name nor UID:GID in numbers")
+        uid, gid = int(uid_text), int(gid_text)
+        if uid > MAX_ID or gid > MAX_ID:
+            raise HostError(f"--user={user}: an id is at most {MAX_ID}")
+        return uid, gid, None
     try:
         entry = pwd.getpwnam(user)
     except KeyError:
         raise HostError(f"--user: no user named '{user}'") from None
+    return entry.pw_uid, entry.pw_gid, entry.pw_name
+
+
+def drop_privileges(user: str) -> None:
+    """Become ``user`` (and its groups) for good; the devices stay open."""
+    uid, gid, name = resolve_user(user)
     try:
-        os.initgroups(entry.pw_name, entry.pw_gid)
-        os.setgid(entry.pw_gid)
-        os.setuid(entry.pw_uid)
+        if name is None:
+            os.setgroups([])
+        else:
+            os.initgroups(name, gid)
+        os.setgid(gid)
+        os.setuid(uid)
     except OSError as err:
         raise HostError(f"--user={user}: cannot switch user: {err.strerror}") from None

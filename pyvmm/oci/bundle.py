@@ -100,6 +100,7 @@ class Unikernel:
         "net_template",
         "netns",
         "new_netns",
+        "user",
     )
 
     def __init__(
@@ -123,6 +124,7 @@ class Unikernel:
         self.net_template: netargs.Pieces | None = None
         self.netns: str | None = None  # the path to join
         self.new_netns = False  # a network namespace without a path: a new one
+        self.user: tuple[int, int] | None = None  # process.user when not root: pyvmm --user
 
     @property
     def path(self) -> str:
@@ -213,6 +215,23 @@ def _text(value: object, what: str) -> str:
     if "\0" in value:
         raise BundleError(f"config.json: {what} contains a NUL character")
     return value
+
+
+def _process_user(process: dict) -> tuple[int, int] | None:
+    """process.user's uid and gid, None for root (pyvmm keeps its own user).
+    A unikernel has no users of its own: the ids are the host process's
+    after its devices are open (pyvmm --user=UID:GID, docs/orchestration.md)."""
+    from pyvmm.common.values import MAX_ID
+
+    user = _object(process, "user", "process.user")
+    ids = []
+    for key in ("uid", "gid"):
+        value = user.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
+            raise BundleError(f"config.json: process.user.{key} is not an id (0 to {MAX_ID})")
+        ids.append(value)
+    uid, gid = ids
+    return None if uid == 0 and gid == 0 else (uid, gid)
 
 
 def rootfs_of(bundle: str, config: dict) -> str:
@@ -363,6 +382,7 @@ def read_bundle(bundle: str, config: dict | None = None) -> Unikernel:
         fd, inner = _open_kernel(root_fd, annotations, args)
         result = Unikernel(inner=inner, fd=fd, args=args, devices=[], annotations=annotations)
         try:
+            result.user = _process_user(process)
             _fill(result, bundle, config, root_fd)
         except BaseException:
             result.close()

@@ -278,6 +278,8 @@ def pyvmm_argv(
         argv += [f"--net:{name}={tap}", f"--net-mac:{name}={mac}"]
     for name, block in sorted(kernel.blocks.items()):
         argv.append(f"--block:{name}=@{block.fd}")
+    if kernel.user is not None:  # process.user: the VM runs on as it once its devices are open
+        argv.append("--user={}:{}".format(*kernel.user))
     return [*argv, "--", kernel.path, *kernel.args]
 
 

@@ -200,6 +200,8 @@ def prepare(body: dict) -> WarmContainer:
         if kernel.net_devices or kernel.blocks:
             what = "net" if kernel.net_devices else "block"
             raise Refused(f"the warm path takes guests without {what} devices", cold=True)
+        if kernel.user is not None:  # the launcher's VMs run as the launcher's user
+            raise Refused("the warm path takes no process.user other than root", cold=True)
         os.makedirs(root, mode=DIR_MODE, exist_ok=True)
         os.mkdir(container.dir, DIR_MODE)
         if trace_dir is not None:

@@ -184,17 +184,17 @@ class GdbStub:
     def give_socket_to(self, user: str) -> None:
         """--user: a Unix socket belongs to the user the run ends as (who
         runs gdb; connecting needs write permission on the socket)."""
-        import pwd
+        from pyvmm.host.sandbox import resolve_user
 
         if self.endpoint.path is None:
             return
         try:
-            entry = pwd.getpwnam(user)
-        except KeyError:
+            uid, gid, _ = resolve_user(user)
+        except HostError:
             return  # --user itself reports it
-        self.allowed = frozenset({entry.pw_uid})
+        self.allowed = frozenset({uid})
         try:
-            os.chown(self.endpoint.path, entry.pw_uid, entry.pw_gid)
+            os.chown(self.endpoint.path, uid, gid)
         except OSError as err:
             raise HostError(f"--gdb-socket: cannot give it to {user}: {err.strerror}") from None
 
