@@ -299,7 +299,8 @@ OPTIONS: tuple[CliOption | object, ...] = (
     CliOption(
         ("--user",),
         "USER",
-        "drop to USER (a name, with its groups, or\nUID:GID) once every device is open,\nbefore the guest starts",
+        "drop to USER (a name, with its groups, or\n"
+        "UID:GID) once every device is open,\nbefore the guest starts",
         _set("user", _text),
     ),
     CliOption(
