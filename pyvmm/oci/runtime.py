@@ -330,12 +330,11 @@ def create(root: str, args: Namespace) -> None:
         _create(container, bundle, config, kernel, args)
 
 
-def _create(
-    container: Container, bundle: str, config: dict, kernel: Unikernel, args: Namespace
-) -> None:
-    os.mkdir(container.dir, DIR_MODE)
-    state: dict = {
-        "id": args.id,
+def new_state(cid: str, bundle: str, config: dict, kernel: Unikernel) -> dict:
+    """A created container's state.json, before its process exists (the
+    cold create's and the warm launcher's alike)."""
+    return {
+        "id": cid,
         "pid": 0,
         "bundle": bundle,
         "rootfs": rootfs_of(bundle, config),
@@ -345,6 +344,13 @@ def _create(
         "link": None,
         "cgroup": None,
     }
+
+
+def _create(
+    container: Container, bundle: str, config: dict, kernel: Unikernel, args: Namespace
+) -> None:
+    os.mkdir(container.dir, DIR_MODE)
+    state = new_state(args.id, bundle, config, kernel)
     container.save(state)
     console = None
     try:

@@ -27,7 +27,7 @@ import contextlib
 import os
 
 from pyvmm.oci import cgroups, timeline
-from pyvmm.oci.bundle import BundleError, Unikernel, load_config, read_bundle, rootfs_of
+from pyvmm.oci.bundle import BundleError, Unikernel, load_config, read_bundle
 from pyvmm.oci.runtime import (
     DIR_MODE,
     SANDBOX_KEYS,
@@ -35,9 +35,9 @@ from pyvmm.oci.runtime import (
     RuntimeError_,
     _remove,
     _start_time,
+    new_state,
     pyvmm_argv,
     pyvmm_command,
-    utc_now,
 )
 
 #: The request's members (POST /v1/containers).
@@ -209,17 +209,7 @@ def prepare(body: dict) -> WarmContainer:
     except BaseException:
         kernel.close()
         raise
-    state: dict = {
-        "id": container.id,
-        "pid": 0,
-        "bundle": bundle,
-        "rootfs": rootfs_of(bundle, config),
-        "created": utc_now(),
-        "annotations": kernel.annotations,
-        "netns": kernel.netns,
-        "link": None,
-        "cgroup": None,
-    }
+    state = new_state(container.id, bundle, config, kernel)
     warm = WarmContainer(container, state, kernel, debug)
     try:
         container.save(state)

@@ -36,7 +36,11 @@ def x(n: int) -> int:
 
 
 def sysreg(name: str) -> int:
-    op0, op1, crn, crm, op2 = SYSREGS[name]
+    return sysreg_id(*SYSREGS[name])
+
+
+def sysreg_id(op0: int, op1: int, crn: int, crm: int, op2: int) -> int:
+    """A system register's ONE_REG id from its encoding."""
     return (
         lib.KVM_REG_ARM64
         | lib.KVM_REG_SIZE_U64

@@ -37,19 +37,6 @@ _TIMER_CNT = (3, 3, 14, 3, 2)
 _STORE_FORMS = ((0xFFC00000, 0xB9000000), (0xFFE00C00, 0xB8200800), (0xFFE00C00, 0xB8000000))
 
 
-def _sysreg(op0: int, op1: int, crn: int, crm: int, op2: int) -> int:
-    return (
-        lib.KVM_REG_ARM64
-        | lib.KVM_REG_SIZE_U64
-        | lib.KVM_REG_ARM64_SYSREG
-        | op0 << lib.KVM_REG_ARM64_SYSREG_OP0_SHIFT
-        | op1 << lib.KVM_REG_ARM64_SYSREG_OP1_SHIFT
-        | crn << lib.KVM_REG_ARM64_SYSREG_CRN_SHIFT
-        | crm << lib.KVM_REG_ARM64_SYSREG_CRM_SHIFT
-        | op2 << lib.KVM_REG_ARM64_SYSREG_OP2_SHIFT
-    )
-
-
 def reg_size(reg_id: int) -> int:
     return 1 << ((reg_id & _SIZE_MASK) >> _SIZE_SHIFT)
 
@@ -108,7 +95,10 @@ def missing_part(state: dict[str, bytes]) -> str | None:
     if entries is None:
         return "cpu.state: its register list does not parse"
     ids = {reg_id for reg_id, _ in entries}
-    for name, reg_id in (("pc", regs.core("regs", "pc")), ("the timer", _sysreg(*_TIMER_CNT))):
+    for name, reg_id in (
+        ("pc", regs.core("regs", "pc")),
+        ("the timer", regs.sysreg_id(*_TIMER_CNT)),
+    ):
         if reg_id not in ids:
             return f"cpu.state has no {name} register"
     return None
@@ -131,16 +121,16 @@ def _with(state: dict[str, bytes], reg_id: int, value: int) -> dict[str, bytes]:
 
 def counter(state: dict[str, bytes]) -> int | None:
     """The guest's clock counter in a state: the virtual counter."""
-    return _value(state, _sysreg(*_TIMER_CNT))
+    return _value(state, regs.sysreg_id(*_TIMER_CNT))
 
 
 def with_counter(state: dict[str, bytes], value: int) -> dict[str, bytes]:
     """Setting KVM's virtual counter moves the guest's counter offset."""
-    return _with(state, _sysreg(*_TIMER_CNT), value)
+    return _with(state, regs.sysreg_id(*_TIMER_CNT), value)
 
 
 def read_counter(vcpu: Vcpu) -> int:
-    return cpu.get(vcpu, _sysreg(*_TIMER_CNT))
+    return cpu.get(vcpu, regs.sysreg_id(*_TIMER_CNT))
 
 
 def rewind_hypercall(state: dict[str, bytes], read) -> dict[str, bytes] | None:
