@@ -14,6 +14,7 @@ last block of a disk, the 64th poll handle, a handle with no device).
 from __future__ import annotations
 
 import errno
+import faulthandler
 import os
 import signal
 import socket
@@ -474,9 +475,12 @@ def test_the_answers_guard_is_gone_once_the_run_returns(tmp_path):
         try:
             # The SIGBUS is expected: faulthandler's dump of it (which then
             # dies of it) goes nowhere. Disabling faulthandler instead would
-            # put back the handler it found, which is not the guard's.
+            # put back the handler it found, which is not the guard's; an
+            # enable while enabled only moves its output (pytest's own
+            # faulthandler writes to a copy of stderr, not to fd 2).
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 2)
+            faulthandler.enable(file=os.fdopen(devnull, "w"))
             rig = Rig()
             fd = os.open(image, os.O_RDONLY)
             assert rig.mem.map_file(DATA, 4096, fd, 0) == 0
