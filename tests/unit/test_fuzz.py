@@ -35,7 +35,17 @@ from pyvmm._native import lib
 from testkit import fuzztargets
 
 REGRESSIONS = Path(__file__).resolve().parent.parent / "fuzz_regressions"
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    # The same examples on every run (the seed from the test itself): the
+    # floors below are about what the strategies reach, and a random seed made
+    # them a coin toss (9 accepted manifests of 150 against a floor of 10 once).
+    # Open-ended search is bench/fuzz.py's job.
+    derandomize=True,
+    database=None,
+)
 GOOD = good_elf().build()
 
 u64 = st.one_of(

@@ -18,7 +18,17 @@ from hypothesis import strategies as st
 from pyvmm.serve import http
 from testkit import fuzztargets
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    # The same examples on every run (the seed from the test itself): the
+    # floors below are about what the strategies reach, and a random seed made
+    # them a coin toss (9 accepted manifests of 150 against a floor of 10 once).
+    # Open-ended search is bench/fuzz.py's job.
+    derandomize=True,
+    database=None,
+)
 
 METHODS = st.sampled_from(["GET", "POST", "DELETE", "PUT", "get", "", "G ET", "POST\t"])
 PATHS = st.one_of(
