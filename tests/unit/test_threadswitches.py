@@ -4,6 +4,7 @@ once the thread has ended."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -36,11 +37,19 @@ def test_a_thread_that_sleeps_switches_voluntarily_each_time():
         assert during["voluntary_switches"] >= 50
         leave.set()
         t.join()
-        # The thread is gone: its task file reads no more, the last reading stays.
-        assert counted.read() == during
+        # join() returns before the kernel has removed the thread, which may
+        # still block once more on its way out: wait until it is really gone.
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/self/task/{tid[0]}"):
+            assert time.monotonic() < deadline, "the ended thread never left /proc"
+            time.sleep(0.001)
+        # Its task file reads no more: the last good reading stays.
+        last = counted.read()
+        assert last["voluntary_switches"] >= during["voluntary_switches"]
+        assert counted.read() == last
     finally:
         counted.close()
-    assert counted.read() == during
+    assert counted.read() == last
 
 
 def test_keys_and_the_status_lines_they_come_from():
