@@ -394,14 +394,16 @@ def read_bundle(bundle: str, config: dict | None = None) -> Unikernel:
 
 def _declared_devices(path: str) -> list[dict]:
     """The manifest's devices (name and type, as ``pyvmm --query-manifest
-    --json`` lists them), its notes checked as the query checks them,
-    without the query's option column: that imports every device kind,
-    which cost create ~8 ms (docs/orchestration.md)."""
+    --json`` lists them), its notes checked as the VM's loader checks
+    them, without the query's option column: that imports every device
+    kind, which cost create ~8 ms (docs/orchestration.md). ABI version 1
+    is refused here, as the VM would refuse it at start: pyvmm-oci never
+    passes --legacy-abi."""
     from pyvmm.loader import Manifest, parse_elf, read_abi, read_capabilities
     from pyvmm.loader.kernel import _read_file
 
     image = parse_elf(_read_file(path), path)
-    read_abi(image, legacy=True)
+    read_abi(image, legacy=False)
     read_capabilities(image)
     entries = Manifest.from_image(image).devices()
     return [{"name": e.name, "type": e.type.solo5_name} for e in entries]

@@ -4,7 +4,8 @@ new one (only a network entry without a path does); a string quoted in a
 message is marked as cut only when it was; a FIFO named as a disk is
 refused without being opened for reading; a closed unikernel holds no
 descriptor; a value outside base64's alphabet is plain; an empty mount
-source is no bind mount of a file."""
+source is no bind mount of a file; a unikernel of Solo5's ABI version 1
+fails create, not start."""
 
 from __future__ import annotations
 
@@ -123,3 +124,24 @@ def test_a_block_mount_with_an_empty_source_is_no_bind_mount_of_a_file(tmp_path)
     )
     with pytest.raises(BundleError, match="is not a bind mount of a file$"):
         read_bundle(str(bundle))
+
+
+def test_an_abi_version_1_unikernel_fails_create_not_start(tmp_path):
+    """pyvmm-oci starts the VM without --legacy-abi, whose loader refuses
+    ABI version 1 (Solo5 0.9 and older): create refuses it first, in one
+    line, as it refuses any file that is not a unikernel pyvmm boots."""
+    from pyvmm.oci.bundle import BundleError
+    from testkit import helpers
+
+    bundle = _bundle(tmp_path, [])
+    kernel = tmp_path / "rootfs" / "unikernel" / "kernel.hvt"
+    helpers.with_abi_version(guest("hello"), kernel, 1)
+    with pytest.raises(BundleError) as err:
+        read_bundle(bundle)
+    assert str(err.value) == (
+        "not a unikernel image: /unikernel/kernel.hvt: Executable requests unsupported"
+        " ABI version 1 (hvt needs version 2; --legacy-abi boots Solo5 0.9 and older builds)"
+    )
+    helpers.with_abi_version(guest("hello"), kernel, 2)
+    with read_bundle(bundle) as unikernel:
+        assert unikernel.fd >= 0

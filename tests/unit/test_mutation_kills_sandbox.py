@@ -3,7 +3,9 @@ run found untested: a program larger than the caller's buffer is -ENOSPC,
 not a silent empty filter, building leaves no descriptor behind, the
 self-test calls the syscalls (and madvise) by their numbers in the kernel
 headers; and around the filter: --trace's start read before it, only when
-tracing, and a refused --user switch is one line."""
+tracing, a refused --user switch is one line, and --user's UID:GID takes
+every id up to the largest one (2**32 - 2) for the user and the group
+alike."""
 
 from __future__ import annotations
 
@@ -265,3 +267,21 @@ def test_forgetting_a_few_bytes_zeroes_them_and_no_more() -> None:
     assert lib.pyvmm_sandbox_forget(int(start) + at, 100, 0) == 0
     assert area[at : at + 100] == bytes(100)
     assert area[at - 1] == area[at + 100] == 0xAA
+
+
+@pytest.mark.parametrize(
+    "text, ids", [("4294967294:0", (4294967294, 0)), ("0:4294967294", (0, 4294967294))]
+)
+def test_the_largest_id_is_a_user_or_a_group(text, ids) -> None:
+    """MAX_ID (2**32 - 2) is an id like any other, for the user and the
+    group alike; from 2**32 - 1 up it is refused (that one is (uid_t) -1,
+    which setresuid and setresgid read as "leave unchanged")."""
+    from pyvmm.common.errors import HostError
+    from pyvmm.common.values import MAX_ID
+    from pyvmm.host.sandbox import resolve_user
+
+    assert MAX_ID == 2**32 - 2
+    assert resolve_user(text) == (*ids, None)
+    past = text.replace("4294967294", "4294967295")
+    with pytest.raises(HostError, match=f"^--user={past}: an id is at most {MAX_ID}$"):
+        resolve_user(past)
