@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import struct
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -74,18 +75,47 @@ def check_bad_call(result: subprocess.CompletedProcess, status: int, words: str)
 # -- the network -----------------------------------------------------------------
 
 
-def ping(ns: Any, address: str, count: int, interval: float = 0.2) -> subprocess.CompletedProcess:
+def ping(
+    ns: Any, address: str, count: int, interval: float = 0.2, wait: int = 5
+) -> subprocess.CompletedProcess:
     """Ping ``address`` from inside the namespace ``ns`` (a NetNamespace);
-    asserts every reply came."""
+    asserts every reply came. ``wait``: seconds for the first reply."""
     result = ns.run(
-        ["ping", "-c", str(count), "-i", str(interval), "-W", "5", address],
+        ["ping", "-c", str(count), "-i", str(interval), "-W", str(wait), address],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=wait + 55,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{count} received" in result.stdout, result.stdout
     return result
+
+
+def restored_on_tap(
+    ns: Any, vm: subprocess.Popen, tap: str, guest: tuple[str, str], timeout: float = 30
+) -> None:
+    """Wait until the restoring pyvmm ``vm`` has ``tap`` open and the kernel
+    passes frames to it (NetNamespace.passes_frames), then make the guest's
+    (address, MAC) a permanent neighbour there.
+
+    Neither is the tap's NO-CARRIER flag gone: that flag follows the
+    kernel's link watch, which can still show a new tap's state from before
+    (in an emulated machine, echo requests sent then were dropped unseen).
+    An open tap is not a running guest either: between the two the restore
+    sets up the vCPU, seconds in an emulated machine. With the address
+    known, the requests wait in the tap's queue until the guest reads them
+    (no ARP to give up meanwhile), so a ping with a long enough ``wait``
+    needs no guess of how long the start takes.
+    """
+    address, mac = guest
+    deadline = time.monotonic() + timeout
+    while not ns.passes_frames(tap):
+        if vm.poll() is not None or time.monotonic() > deadline:
+            vm.kill()
+            out, err = vm.communicate()
+            raise AssertionError(f"the restore never opened {tap}: {out}{err}")
+        time.sleep(0.01)
+    ns.add_neighbour(tap, address, mac)
 
 
 # -- unikernel files ---------------------------------------------------------------

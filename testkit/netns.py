@@ -35,6 +35,7 @@ from types import TracebackType
 from typing import Any
 
 from pyroute2 import IPRoute, netns
+from pyroute2.netlink.rtnl.ndmsg import NUD_PERMANENT
 
 from pyvmm.host.netns import inside, setns
 
@@ -190,9 +191,15 @@ class NetNamespace:
         self.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
         index = self.add_tap(name, address=address, txqlen=txqlen)
         if neighbour is not None:
-            ip, mac = neighbour
-            self.run(["ip", "neigh", "replace", ip, "lladdr", mac, "dev", name], check=True)
+            self.add_neighbour(name, *neighbour)
         return index
+
+    def add_neighbour(self, ifname: str, ip: str, mac: str) -> None:
+        """A permanent neighbour entry: frames to ``ip`` go out on ``ifname``
+        at once, with no ARP first."""
+        with self.iproute() as ipr:
+            index = ipr.link_lookup(ifname=ifname)[0]
+            ipr.neigh("replace", dst=ip, lladdr=mac, ifindex=index, state=NUD_PERMANENT)
 
     def set_mtu(self, ifname: str, mtu: int) -> None:
         """Change an interface's MTU inside the namespace."""
@@ -216,8 +223,22 @@ class NetNamespace:
             "mtu": msg.get("mtu"),
             "kind": msg.get(("linkinfo", "kind")),
             "up": bool(msg["flags"] & 1),
+            "carrier": msg.get("carrier") == 1,
+            "operstate": msg.get("operstate"),
             "stats": stats,
         }
+
+    def passes_frames(self, ifname: str) -> bool:
+        """Whether frames sent to ``ifname`` now reach its reader: a tap has
+        one (its carrier, which the open sets at once) and the kernel has
+        acted on it (operstate UP). The kernel does that later, in its link
+        watch; until then the device's queue is the no-op one, which drops
+        every frame without a count anywhere (on a slow machine, seconds)."""
+        with self.iproute() as ipr:
+            links = ipr.get_links(ifname=ifname)
+        if not links:
+            raise LookupError(f"no interface {ifname!r} in {self.name}")
+        return links[0].get("carrier") == 1 and links[0].get("operstate") == "UP"
 
     def links(self) -> list[str]:
         """Names of all interfaces in the namespace."""

@@ -83,24 +83,16 @@ def swap_taps(ns: NetNamespace) -> None:
 
 def restore(ns: NetNamespace, directory, *args: str) -> subprocess.Popen:
     """pyvmm --restore in ``ns``, returned once it has the new tap open
-    (its carrier is up): frames sent from then on reach the guest."""
+    (its carrier is up) and the guest's address is a known neighbour there:
+    frames sent from then on wait for the guest (helpers.restored_on_tap)."""
     vm = ns.popen(
         [sys.executable, "-m", "pyvmm", f"--restore={directory}", "--net:service0=tap101", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 30
-    while (
-        "NO-CARRIER"
-        in ns.run(
-            ["ip", "-o", "link", "show", "tap101"], capture_output=True, text=True, check=True
-        ).stdout
-    ):
-        if vm.poll() is not None or time.monotonic() > deadline:
-            out, err = vm.communicate()
-            raise AssertionError(f"the restore never opened the tap: {out}{err}")
-        time.sleep(0.01)
+    mac = net_state(directory)["devices"][0]["mac"]  # the guest keeps the snapshot's
+    helpers.restored_on_tap(ns, vm, "tap101", (GUEST_IP, mac))
     return vm
 
 
