@@ -398,12 +398,17 @@ def _declared_devices(path: str) -> list[dict]:
     them, without the query's option column: that imports every device
     kind, which cost create ~8 ms (docs/orchestration.md). ABI version 1
     is refused here, as the VM would refuse it at start: pyvmm-oci never
-    passes --legacy-abi."""
+    passes --legacy-abi, so its message names the remedy that does work."""
+    from pyvmm.common.errors import LoaderError
     from pyvmm.loader import Manifest, parse_elf, read_abi, read_capabilities
     from pyvmm.loader.kernel import _read_file
 
     image = parse_elf(_read_file(path), path)
-    read_abi(image, legacy=False)
+    if read_abi(image, legacy=True).legacy:
+        raise LoaderError(
+            f"{path}: built for Solo5's ABI version 1 (Solo5 0.9 or older), which pyvmm-oci "
+            "does not run: rebuild it with Solo5 0.10 or later"
+        )
     read_capabilities(image)
     entries = Manifest.from_image(image).devices()
     return [{"name": e.name, "type": e.type.solo5_name} for e in entries]

@@ -139,8 +139,9 @@ def test_an_abi_version_1_unikernel_fails_create_not_start(tmp_path):
     with pytest.raises(BundleError) as err:
         read_bundle(bundle)
     assert str(err.value) == (
-        "not a unikernel image: /unikernel/kernel.hvt: Executable requests unsupported"
-        " ABI version 1 (hvt needs version 2; --legacy-abi boots Solo5 0.9 and older builds)"
+        "not a unikernel image: /unikernel/kernel.hvt: built for Solo5's ABI version 1"
+        " (Solo5 0.9 or older), which pyvmm-oci does not run: rebuild it with Solo5 0.10"
+        " or later"
     )
     helpers.with_abi_version(guest("hello"), kernel, 2)
     with read_bundle(bundle) as unikernel:
