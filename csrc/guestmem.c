@@ -115,6 +115,11 @@ void pyvmm_guard_leave(struct pyvmm_guard *g)
     current = g->outer;
 }
 
+int pyvmm_guard_in_force(void)
+{
+    return current != NULL;
+}
+
 int pyvmm_copy_guarded(void *dst, const void *src, uint64_t len)
 {
     struct pyvmm_guard g;

@@ -70,6 +70,11 @@ void *pyvmm_guestmem_at(const struct pyvmm_guestmem *m, uint64_t gpa, uint64_t l
  * the process as it would have). About 12 ns beside memcpy (guard.h). */
 int pyvmm_copy_guarded(void *dst, const void *src, uint64_t len);
 
+/* 1 while a guard is in force on the calling thread, else 0: outside a
+ * guarded stretch it is 0, or a SIGBUS there would jump back into a
+ * finished one (tests/unit/test_kills_hcfast.py checks it after a run). */
+int pyvmm_guard_in_force(void);
+
 /* [gpa, gpa + len) of guest memory into ``dst`` (a PYVMM_GM_READ): 0,
  * -EINVAL when the accessor refuses the range, -EFAULT when a page of it
  * is gone. */

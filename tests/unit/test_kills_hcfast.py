@@ -463,6 +463,22 @@ def test_a_buffer_of_the_largest_length_is_answered_in_c(tmp_path):
         rig.close()
 
 
+def test_no_guard_is_in_force_after_answers_or_a_guarded_copy(rig, disk):
+    """Each answer leaves the guard it entered: after runs the fast path
+    answered (and a guarded copy from Python), this thread has none in
+    force, so no later SIGBUS can jump back into a finished answer."""
+    assert lib.pyvmm_guard_in_force() == 0
+    rig.struct("hvt_hc_walltime")
+    assert isinstance(rig.run((lib.HVT_HYPERCALL_WALLTIME, ARG)), exits.Hlt)
+    assert lib.pyvmm_guard_in_force() == 0
+    blk = rig.struct("hvt_hc_block_read", handle=3, offset=0, data=DATA, len=BLOCK, ret=-9)
+    assert isinstance(rig.run((READ, ARG)), exits.Hlt) and blk.ret == lib.HVT_RET_OK
+    assert lib.pyvmm_guard_in_force() == 0
+    rig.mem.write(DATA, b"guarded")
+    assert rig.mem.read(DATA, 7) == b"guarded"
+    assert lib.pyvmm_guard_in_force() == 0
+
+
 def test_the_answers_guard_is_gone_once_the_run_returns(tmp_path):
     """Every answer is under a guard (guard.h) that must be left when the
     answer is done: a SIGBUS on guest memory after the run, outside any
