@@ -219,3 +219,27 @@ def test_backtrace_follows_the_chain_and_stops_where_it_must():
     # rbp outside guest memory, unaligned or zero: rip alone.
     for rbp in (1 << 40, 0x1001, 0, 0xFFF8):
         assert backtrace(FakeMemory(0x10000, chain), 0x100050, rbp) == [0x100050]
+
+
+def test_an_aarch64_fault_report_walks_x29_and_logs_every_register(monkeypatch, caplog):
+    """On aarch64 the frame pointer is x29 and the registers line names
+    x0-x30, sp, pc and cpsr; a register the view lacks shows as 0."""
+    import logging
+
+    from pyvmm.vm.debug import report
+
+    regs = {f"x{n}": 0x100 + n for n in range(31)}
+    regs.update(x29=0x1000, sp=0xFF0, pc=0x100050)  # no cpsr
+    monkeypatch.setattr(report, "guest_registers", lambda vcpu, memory: regs)
+    chain = {0x1000: 0x2000, 0x1008: 0x100100, 0x2000: 0, 0x2008: 0x100200}
+    with caplog.at_level(logging.INFO, logger="pyvmm"):
+        report.annotate(GuestFault("fault"), None, FakeMemory(0x10000, chain), None)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[:3] == [
+        "backtrace: #0 0x100050",
+        "backtrace: #1 0x100100",
+        "backtrace: #2 0x100200",
+    ]
+    names = " ".join(f"x{n}={0x100 + n:#x}" for n in range(29))
+    rest = "x29=0x1000 x30=0x11e sp=0xff0 pc=0x100050 cpsr=0x0"
+    assert lines[3] == f"registers: {names} {rest}", lines

@@ -331,3 +331,25 @@ def test_python_api_reports_errors_as_the_cli_does(tmp_path):
     ok = Guest(guest("hello"))
     ok.start()
     assert ok.wait(timeout=60) == 0
+
+
+def test_the_vcpu_thread_s_switches_are_counted_while_the_guest_runs():
+    """A guest waiting in a poll hypercall sleeps on the vCPU thread: the
+    live counters (read while it runs) already count those switches, and
+    the final ones no fewer."""
+    out: list[bytes] = []
+    vm = Guest(guest("resume"), "1024", "60000", mem=8, console=out.append)
+    vm.start()
+    try:
+        deadline = time.monotonic() + 30
+        while b"before:" not in b"".join(out):  # in its wait from now on
+            assert time.monotonic() < deadline and vm.error is None, vm.error
+            time.sleep(0.02)
+        time.sleep(0.2)
+        live = vm.counters()
+        assert live["vcpu_thread_voluntary_switches"] > 0, live
+    finally:
+        vm.stop()
+    assert vm.wait(timeout=30) == 143
+    final = vm.counters()
+    assert final["vcpu_thread_voluntary_switches"] >= live["vcpu_thread_voluntary_switches"]

@@ -53,6 +53,10 @@ CASES = [
     ("0f20d7", "mov_from_cr", 3, 2, 7, None),
     ("410f20c2", "mov_from_cr", 4, 0, 10, None),
     ("0f22d8", "mov_to_cr", 3, 3, 0, None),
+    # REX.R alone extends the reg field (cr8), REX.W alone does not
+    ("440f20c0", "mov_from_cr", 4, 8, 0, None),
+    ("480f20d7", "mov_from_cr", 4, 2, 7, None),
+    ("4c0f22c0", "mov_to_cr", 4, 8, 0, None),
     ("0f30", "wrmsr", 2, None, None, None),
     ("0f32", "rdmsr", 2, None, None, None),
     ("fa", "cli", 1, None, None, None),

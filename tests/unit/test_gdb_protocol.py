@@ -88,3 +88,28 @@ def test_register_layout_matches_the_target_description():
     assert len(encoded) == 2 * gdbregs.G_SIZE
     decoded = gdbregs.decode_all(bytes.fromhex(encoded.replace("x", "0")))
     assert decoded["rip"] == 0x100000 and decoded["eflags"] == 0x202
+
+
+def test_a_register_s_every_byte_is_sent_and_a_wider_value_is_cut_to_its_size():
+    # A kernel address uses all 64 bits of rip; eflags is 4 bytes in gdb's
+    # layout, so bits above 32 are not sent.
+    assert gdbregs.encode(gdbregs.BY_NAME["rip"], {"rip": 0xFFFFFFFF81000010}) == "10000081ffffffff"
+    assert gdbregs.encode(gdbregs.BY_NAME["eflags"], {"eflags": 0x1_8000_0202}) == "02020080"
+
+
+def test_g_packets_have_gdbs_own_sizes_and_every_vector_view_is_128_bits():
+    # gdb's amd64 core + sse + segments: 16 GPRs, rip, eflags, 6 segments,
+    # 8 x87 registers of 10 bytes, 8 x87 control registers of 4, 16 xmm,
+    # mxcsr, fs_base and gs_base; aarch64: x0-x30, sp, pc, cpsr, v0-v31,
+    # fpsr and fpcr.
+    x87_control = 8 * 4
+    assert gdbregs.X86_64.g_size == 16 * 8 + 8 + 4 + 6 * 4 + 8 * 10 + x87_control + 16 * 16 + 4 + 16
+    assert gdbregs.AARCH64.g_size == 31 * 8 + 8 + 8 + 4 + 32 * 16 + 4 + 4
+    bits = {"ieee_single": 32, "ieee_double": 64}
+    bits.update({f"{u}int{n}": n for u in ("", "u") for n in (8, 16, 32, 64)})
+    for target in (gdbregs.X86_64, gdbregs.AARCH64):
+        root = ET.fromstring(target.xml.split(b"?>", 1)[1].split(b">", 1)[1])
+        vectors = list(root.iter("vector"))
+        assert len(vectors) == 6
+        for vector in vectors:
+            assert bits[vector.get("type")] * int(vector.get("count")) == 128, vector.attrib

@@ -122,3 +122,22 @@ def test_a_vms_lines_reach_the_log_named_cut_and_never_blocking(tmp_path, monkey
         pipe.close()
         os.close(log_r)
         os.close(log_w)
+
+
+@pytest.mark.parametrize("addr", [1, 0x7F00_0000_0000, 2**64 - 1])
+def test_a_snapshot_event_takes_any_memory_address_a_pointer_can_hold(addr):
+    event = {"event": "snapshot", "metadata": {"a": 1}, "state": "AAEC", "memory_addr": addr}
+    parsed = parse_event(json.dumps(event).encode())
+    assert parsed == {
+        "event": "snapshot",
+        "metadata": {"a": 1},
+        "state": b"\x00\x01\x02",
+        "memory_addr": addr,
+    }
+
+
+@pytest.mark.parametrize("addr", [0, -1, 2**64])
+def test_a_snapshot_event_s_memory_address_outside_a_pointer_is_refused(addr):
+    event = {"event": "snapshot", "metadata": {}, "state": "AAEC", "memory_addr": addr}
+    with pytest.raises(BadMessage, match='"memory_addr"'):
+        parse_event(json.dumps(event).encode())
