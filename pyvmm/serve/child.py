@@ -50,6 +50,10 @@ from pyvmm.vm.statsview import StatsOutput, open_json
 from pyvmm.vm.vmm import Vmm
 
 PR_SET_PDEATHSIG = 1
+#: The longest packet read from the launcher (SOCK_SEQPACKET: a shorter read
+#: cuts it): b"S" and a snapshot request's JSON, whose "dir" of at most
+#: PATH_MAX - 1 bytes JSON escapes to at most 6 bytes a byte (about 24 KiB).
+REQUEST_LIMIT = 64 * 1024
 #: The console's fds a pooled VM takes with b"go" (stdout, stderr).
 MAX_GO_FDS = 2
 
@@ -270,7 +274,7 @@ class _Channel:
     def _answer(self) -> bool:
         """One request answered; False once the launcher is gone."""
         try:
-            packet = os.read(self.fd, 8192)
+            packet = os.read(self.fd, REQUEST_LIMIT)
         except OSError:
             return False
         if not packet:

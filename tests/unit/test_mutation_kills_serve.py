@@ -175,3 +175,32 @@ def test_the_launcher_s_snapshotter_wraps_the_run_unless_snapshot_at_does(monkey
     vmm = _launcher_vmm()  # nothing to take: no wrapper
     vmm._loop()
     assert seen[-1] is None
+
+
+def test_the_vm_reads_the_launcher_s_longest_snapshot_request_whole():
+    """A "dir" of PATH_MAX bytes that JSON escapes six to one (control
+    characters, "\\u0001") makes a request of about 24 KiB: the VM's side of
+    the channel (a SOCK_SEQPACKET, where a short read cuts the packet)
+    reads it whole, so the snapshot is taken, not given up as bad JSON."""
+    import socket
+
+    from pyvmm.serve.child import _Channel
+    from pyvmm.serve.snapshot import Taking
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    asked: list[bytes] = []
+    channel = object.__new__(_Channel)  # its request handling only
+    channel.fd = theirs.fileno()
+    channel.snapshotter = type("S", (), {"asked": lambda self, packet: asked.append(packet)})()
+    path = "/" + "\x01" * 4094
+    taking = object.__new__(Taking)  # its request only: no directory made
+    taking.path, taking.stop = path, False
+    request = taking.request()
+    assert len(request) > 6 * 4094
+    try:
+        ours.send(request)
+        assert channel._answer()
+        assert asked == [request]
+    finally:
+        ours.close()
+        theirs.close()
