@@ -83,7 +83,14 @@ class Rig:
                 regs = cpu.get_regs(vcpu)
                 regs.rip, regs.rflags = CODE, 2
                 cpu.set_regs(vcpu, regs)
-                return vcpu.run(fast_path=self.fp)
+                # As a run does (Vmm.run): its own stop handlers, which also
+                # clear a stop an earlier run in this process took (an
+                # in-process Guest stopped by an earlier test).
+                assert lib.pyvmm_signals_install(-1, vcpu.run_area) == 0
+                try:
+                    return vcpu.run(fast_path=self.fp)
+                finally:
+                    lib.pyvmm_signals_restore()
             finally:
                 vcpu.close()
 
