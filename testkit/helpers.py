@@ -92,11 +92,12 @@ def ping(
 
 
 def restored_on_tap(
-    ns: Any, vm: subprocess.Popen, tap: str, guest: tuple[str, str], timeout: float = 30
+    ns: Any, vm: subprocess.Popen, tap: str, address: str, snapshot: Path, timeout: float = 30
 ) -> None:
     """Wait until the restoring pyvmm ``vm`` has ``tap`` open and the kernel
-    passes frames to it (NetNamespace.passes_frames), then make the guest's
-    (address, MAC) a permanent neighbour there.
+    passes frames to it (NetNamespace.passes_frames), then make the guest
+    at ``address`` a permanent neighbour there, with the MAC it keeps from
+    the ``snapshot`` directory (its first net device's).
 
     Neither is the tap's NO-CARRIER flag gone: that flag follows the
     kernel's link watch, which can still show a new tap's state from before
@@ -107,7 +108,8 @@ def restored_on_tap(
     (no ARP to give up meanwhile), so a ping with a long enough ``wait``
     needs no guess of how long the start takes.
     """
-    address, mac = guest
+    net = json.loads((snapshot / "snapshot.json").read_text())["device_state"]["net"]
+    mac = net["devices"][0]["mac"]
     deadline = time.monotonic() + timeout
     while not ns.passes_frames(tap):
         if vm.poll() is not None or time.monotonic() > deadline:

@@ -211,11 +211,7 @@ class NetNamespace:
         its kernel counters (``stats``: read as pyvmm's --stats reads a tap's)."""
         from pyvmm.devices.net.tap import link_stats
 
-        with self.iproute() as ipr:
-            links = ipr.get_links(ifname=ifname)
-        if not links:
-            raise LookupError(f"no interface {ifname!r} in {self.name}")
-        msg = links[0]
+        msg = self._link_message(ifname)
         with self.inside():
             stats = link_stats(msg["index"])
         return {
@@ -223,10 +219,15 @@ class NetNamespace:
             "mtu": msg.get("mtu"),
             "kind": msg.get(("linkinfo", "kind")),
             "up": bool(msg["flags"] & 1),
-            "carrier": msg.get("carrier") == 1,
-            "operstate": msg.get("operstate"),
             "stats": stats,
         }
+
+    def _link_message(self, ifname: str) -> Any:
+        with self.iproute() as ipr:
+            links = ipr.get_links(ifname=ifname)
+        if not links:
+            raise LookupError(f"no interface {ifname!r} in {self.name}")
+        return links[0]
 
     def passes_frames(self, ifname: str) -> bool:
         """Whether frames sent to ``ifname`` now reach its reader: a tap has
@@ -234,11 +235,8 @@ class NetNamespace:
         acted on it (operstate UP). The kernel does that later, in its link
         watch; until then the device's queue is the no-op one, which drops
         every frame without a count anywhere (on a slow machine, seconds)."""
-        with self.iproute() as ipr:
-            links = ipr.get_links(ifname=ifname)
-        if not links:
-            raise LookupError(f"no interface {ifname!r} in {self.name}")
-        return links[0].get("carrier") == 1 and links[0].get("operstate") == "UP"
+        msg = self._link_message(ifname)
+        return msg.get("carrier") == 1 and msg.get("operstate") == "UP"
 
     def links(self) -> list[str]:
         """Names of all interfaces in the namespace."""

@@ -91,8 +91,7 @@ def restore(ns: NetNamespace, directory, *args: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
     )
-    mac = net_state(directory)["devices"][0]["mac"]  # the guest keeps the snapshot's
-    helpers.restored_on_tap(ns, vm, "tap101", (GUEST_IP, mac))
+    helpers.restored_on_tap(ns, vm, "tap101", GUEST_IP, directory)
     return vm
 
 

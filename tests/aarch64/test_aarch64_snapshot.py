@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 from conftest import guest, popen_pyvmm, run_pyvmm
+from pyvmm._native import ffi, lib
 from pyvmm.vm.snapshot import format as snapshot_format
 from testkit import helpers
 from testkit.netns import NetNamespace
@@ -98,19 +99,18 @@ def test_a_damaged_register_list_is_refused_in_one_line(tmp_path):
 
 
 def _ring_heads(directory, memory: str, base: int = 0) -> dict:
-    net = json.loads((directory / "snapshot.json").read_text())["device_state"]["net"]
-    shm = net["shmstream"]
-    rx = shm["gpa"] + 4096
+    """The first link's rings' indices, read from ``memory`` at ``base``,
+    in the layout of csrc/shmstream.h."""
+    shm = json.loads((directory / "snapshot.json").read_text())["device_state"]["net"]["shmstream"]
+    rx = shm["gpa"] + lib.SHM_REGION_HEADER_SIZE
+    fields = ("prod", "cons", "cons_sleeping")
     found = {}
     with open(memory, "rb") as f:
         for name, at in (("rx", rx), ("tx", rx + shm["ring_size"])):
-            f.seek(base + at)
-            head = f.read(72)
-            found[name] = {
-                "prod": int.from_bytes(head[0:4], "little"),
-                "cons": int.from_bytes(head[64:68], "little"),
-                "cons_sleeping": int.from_bytes(head[68:72], "little"),
-            }
+            found[name] = {}
+            for field in fields:
+                f.seek(base + at + ffi.offsetof("struct shm_ring", field))
+                found[name][field] = int.from_bytes(f.read(4), "little")
     return found
 
 
@@ -178,12 +178,9 @@ def test_a_net_guest_restored_on_a_new_tap_answers(tmp_path):
             stderr=subprocess.PIPE,
             text=True,
         )
-        mac = json.loads((directory / "snapshot.json").read_text())["device_state"]["net"][
-            "devices"
-        ][0]["mac"]
         # The emulated machine takes seconds from opening the tap to running
         # the guest: the requests wait in the tap's queue meanwhile.
-        helpers.restored_on_tap(ns, restored, "tap101", (GUEST_IP, mac), timeout=120)
+        helpers.restored_on_tap(ns, restored, "tap101", GUEST_IP, directory, timeout=120)
         try:
             helpers.ping(ns, GUEST_IP, 2, wait=60)
         except AssertionError as failed:
