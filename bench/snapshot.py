@@ -206,6 +206,9 @@ def cold(argv: list[str]) -> dict[str, float]:
     opened = rows.get("snapshot opened and checked")
     if opened is not None:
         out["opened"] = out["start"] - opened[0]
+    imports = next((v for k, v in rows.items() if k.startswith("imports: snapshot restore")), None)
+    if imports is not None:  # the restore's own code, loaded before the opening
+        out["imports"] = imports[1]
     return out
 
 
@@ -255,6 +258,7 @@ def latencies(launcher: Launcher, template: Path, mem: int, runs: int) -> dict[s
         if not i:
             continue
         add("cold pyvmm --restore: snapshot opened -> first instruction", restored["opened"])
+        add("cold pyvmm --restore: its imports, before the opening", restored["imports"])
         add("cold pyvmm --restore: interpreter start -> first instruction", restored["start"])
         add("cold pyvmm (boot): interpreter start -> first instruction", booted["start"])
         add("serve, fork per request: restore", forked_restore)

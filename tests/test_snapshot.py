@@ -219,6 +219,13 @@ def _set(*keys_and_value):
     return change
 
 
+def _another_kernels_identity(document):
+    """Another unikernel's hash, and a file identity that is not this one's
+    (the recorded file is then not the one restored, so the hash decides)."""
+    document["kernel"]["sha256"] = "0" * 64
+    document["kernel"]["file"]["ino"] += 1
+
+
 @pytest.mark.parametrize(
     "change, expected",
     [
@@ -230,7 +237,9 @@ def _set(*keys_and_value):
         (_set("plan", "mode", "ring-1"), "unknown privilege mode"),
         (_set("plan", "usable", 1 << 40), "plan.usable"),
         (_set("plan", "guest_args", ["1"]), "command line"),
-        (_set("kernel", "sha256", "0" * 64), "is not the unikernel"),
+        (_another_kernels_identity, "is not the unikernel"),
+        (_set("kernel", "file", {"dev": 1, "ino": -1}), "kernel.file.ino"),
+        (_set("kernel", "file", "/dev/null"), "kernel.file"),
         (_set("devices", [{"name": "n", "type": "sound", "handle": 0}]), "unknown type 'sound'"),
         (_set("devices", [{"name": "n", "type": "net", "handle": 0}]), "it needs: n"),
         (_set("device_state", {"sound": {}}), "a device kind this pyvmm does not have"),
@@ -365,3 +374,27 @@ def test_a_disk_of_another_geometry_or_none_is_refused(resumeblk, tmp_path):
     )
     assert "blocks of 4096" in line
     assert "--block:storage=" in one_line(run_pyvmm(f"--restore={directory}"))
+
+
+def test_a_copy_of_the_kernel_elsewhere_is_the_same_unikernel(resume, tmp_path):
+    """Another file (its own inode and times) with the same bytes: the
+    recorded file identity does not match, the hash of what is loaded does."""
+    kernel = tmp_path / "resume.hvt"
+    shutil.copy(resume, kernel)
+    take(kernel, tmp_path / "s")
+    document = json.loads((tmp_path / "s" / "snapshot.json").read_text())
+    st = os.stat(kernel)
+    assert document["kernel"]["file"] == {
+        "dev": st.st_dev,
+        "ino": st.st_ino,
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+    }
+    kernel.rename(tmp_path / "moved.hvt")
+    shutil.copy(tmp_path / "moved.hvt", kernel)
+    assert os.stat(kernel).st_ino != st.st_ino
+    assert run_pyvmm(f"--restore={tmp_path / 's'}").returncode == 0
+    image = kernel.read_bytes()  # another file, other bytes: refused
+    kernel.write_bytes(image.replace(b"before: 0x", b"BEFORE: 0x"))
+    assert "not the unikernel" in one_line(run_pyvmm(f"--restore={tmp_path / 's'}"))

@@ -54,7 +54,7 @@ from pyvmm.serve.vms import (
     spawn,
 )
 from pyvmm.serve.warm import HostFacts
-from pyvmm.vm.snapshot.writer import kernel_identity
+from pyvmm.vm.snapshot.identity import loaded_sha256
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: How long a VM gets to end after its stop signal before SIGKILL (s).
@@ -887,7 +887,7 @@ class Launcher:
         with contextlib.suppress(Exception):
             prepared = prepare(dict(last), [], self.facts)
             prepared.close()
-            kernel_identity(prepared.spec.plan.kernel)
+            loaded_sha256(prepared.spec.plan.kernel)
 
     def _refill(self, vm: Vm) -> None:
         """A pooled VM has started (or failed to): prepare the next one."""

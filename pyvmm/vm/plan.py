@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable
 
 from pyvmm.arch import Arch, host_arch
+from pyvmm.common import trace
 from pyvmm.common.errors import UsageError
 from pyvmm.common.log import INFO, log
 from pyvmm.common.sizes import GUEST_MEMORY_LIMIT, MEM_GRANULE, MIB
@@ -76,6 +77,7 @@ def make_plan(config: VmConfig, *, machine: str, flavour: str, load: KernelLoade
     cmdline = join_cmdline(config.guest_args)
     kernel = load(config.kernel, machine, legacy_abi=config.legacy_abi)
     arch = host_arch(machine)
+    trace.mark("plan: the host architecture's code (its first import)")
     devices = resolve(config.devices, kernel.manifest)
     for kind in dict.fromkeys(k for k, _ in devices if k.not_snapshotted):
         if config.snapshot_at is not None or config.restore is not None:

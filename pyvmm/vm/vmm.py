@@ -207,8 +207,17 @@ class Vmm:
 
     def _open_snapshot(self, config: VmConfig) -> Restore:
         """--restore: the snapshot read and checked, its settings in ``config``."""
+        from pyvmm.arch import host_arch
+        from pyvmm.devices import kinds
         from pyvmm.vm.snapshot.restore import Restore
 
+        # Code, not the snapshot's checks: shown apart, as a boot's imports
+        # are (a launcher has them all already). A snapshot is of one
+        # architecture, whose code the restore runs (a boot imports it in
+        # its plan); the device kinds are what its fields are checked against.
+        host_arch()
+        kinds()
+        trace.mark("imports: snapshot restore, the host architecture, device kinds")
         restoring = Restore(config.restore)
         self.stack.callback(restoring.close)
         restoring.configure(config)

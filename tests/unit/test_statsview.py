@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import time
 
@@ -195,3 +196,50 @@ def test_json_dash_is_standard_error(capfd):
     out.close()
     captured = capfd.readouterr()
     assert captured.err == "{}\n" and captured.out == ""
+
+
+def test_a_stop_right_after_the_start_ends_the_watchers_whenever_they_begin():
+    """The watcher threads' start does not wait for them to run, so a run
+    may stop before they have: each stop must still end them (no signal
+    to a thread that has none yet, no sigwait left waiting). In a child,
+    so a hang is a failure, not a stuck suite."""
+    import subprocess
+    import sys
+
+    program = (
+        "import signal, threading\n"
+        "from pyvmm.vm.statsview import StatsOutput\n"
+        "for _ in range(300):\n"
+        "    out = StatsOutput(lambda: {}, summary_at_exit=False, interval=0.5, json_out=None)\n"
+        "    out.start()\n"
+        "    out.stop()\n"
+        "assert threading.active_count() == 1, threading.active_count()\n"
+        "assert signal.SIGUSR1 not in signal.pthread_sigmask(signal.SIG_BLOCK, [])\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
+
+
+def test_sigusr1_prints_the_counters_from_the_watcher_thread():
+    import signal
+
+    live = io.StringIO()
+    sampled = []
+
+    def sample():
+        sampled.append(1)
+        return snapshot(1.0)
+
+    out = StatsOutput(sample, summary_at_exit=False, interval=None, json_out=None, live=live)
+    out.start()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)  # blocked in every thread but the watcher's sigwait
+        deadline = time.monotonic() + 10
+        while not live.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        out.stop()
+    assert sampled and live.getvalue().splitlines()[0] == summary(snapshot(1.0)).splitlines()[0]

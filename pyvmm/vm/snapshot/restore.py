@@ -37,7 +37,7 @@ from pyvmm.vm.snapshot.format import (
     read_metadata,
     read_state,
 )
-from pyvmm.vm.snapshot.writer import kernel_identity
+from pyvmm.vm.snapshot.identity import FILE_KEYS, same_kernel
 
 if TYPE_CHECKING:
     from pyvmm.kvm import System, Vcpu
@@ -108,6 +108,13 @@ class Restore:
         kernel = meta.object("kernel")
         self.kernel_path = kernel.text("path")
         self.kernel_sha256 = kernel.text("sha256")
+        self.kernel_file = None  # a snapshot without it: the hash decides
+        if kernel.value.get("file") is not None:
+            file = kernel.object("file")
+            self.kernel_file = {
+                key: file.integer(key, -(1 << 63) if key.endswith("time_ns") else 0)
+                for key in FILE_KEYS
+            }
         plan = meta.object("plan")
         self.mem_size = plan.integer("mem_size")
         if not memory_size_ok(self.mem_size):
@@ -183,8 +190,9 @@ class Restore:
         if plan is self.checked:  # checked already, by the launcher before its fork
             return
         path = self.path
-        # (hashed once per loaded kernel: a launcher checks many restores of one)
-        if kernel_identity(plan.kernel)["sha256"] != self.kernel_sha256:
+        # (no hash where the file is the one the snapshot read, unchanged;
+        # hashed once per loaded kernel: a launcher checks many restores of one)
+        if not same_kernel(plan.kernel, self.kernel_sha256, self.kernel_file):
             raise refuse(
                 path,
                 f"{plan.kernel.path} is not the unikernel the snapshot was taken of (changed?)",

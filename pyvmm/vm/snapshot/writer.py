@@ -24,7 +24,6 @@ import signal
 import sys
 import threading
 import time
-import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pyvmm._native import ffi, lib
@@ -48,10 +47,10 @@ from pyvmm.vm.snapshot.format import (
     make_directory,
     pack_state,
     seal,
-    sha256,
     write_all,
     write_memory,
 )
+from pyvmm.vm.snapshot.identity import kernel_identity
 
 if TYPE_CHECKING:
     from pyvmm.arch import ExitHandler
@@ -59,7 +58,6 @@ if TYPE_CHECKING:
     from pyvmm.hvt.hypercalls import Hypercalls
     from pyvmm.kvm import Vcpu
     from pyvmm.kvm.memory import GuestMemory
-    from pyvmm.loader import Kernel
     from pyvmm.vm.config import VmConfig
     from pyvmm.vm.plan import Plan
 
@@ -82,36 +80,6 @@ class GuestRun(Protocol):
     devices: list[tuple[DeviceKind, Device]]
     services: list[tuple[DeviceKind, Service]]
     exit_handler: ExitHandler | None
-
-
-#: id(kernel) -> (the kernel, weakly; its identity): hashed once per
-#: loaded kernel (30 ms for 4 MiB of loaded bytes here), which a launcher
-#: keeps and its VMs inherit.
-_IDENTITIES: dict[int, tuple[weakref.ref, dict[str, Any]]] = {}
-
-
-def kernel_identity(kernel: Kernel) -> dict[str, Any]:
-    """What says a restore has the same unikernel: the file's size and a
-    SHA-256 of what was loaded from it (entry, every segment, every note),
-    so a copy of the file elsewhere is the same kernel and an edited one
-    is not. Made once per loaded kernel (its result kept by the kernel
-    object's id, checked against a weak reference)."""
-    known = _IDENTITIES.get(id(kernel))
-    if known is not None and known[0]() is kernel:
-        return dict(known[1])
-    digest = sha256()
-    digest.update(kernel.entry.to_bytes(8, "little"))
-    for seg in kernel.segments:
-        digest.update(b"%d:%d:%d:" % (seg.paddr, seg.end, len(seg.data)))
-        digest.update(seg.data)
-    for note in kernel.image.notes:
-        digest.update(repr(note).encode())
-    size = kernel.file.size if kernel.file is not None else None
-    identity = {"path": os.path.abspath(kernel.path), "size": size, "sha256": digest.hexdigest()}
-    for key in [k for k, (ref, _) in _IDENTITIES.items() if ref() is None]:
-        del _IDENTITIES[key]
-    _IDENTITIES[id(kernel)] = (weakref.ref(kernel), identity)
-    return dict(identity)
 
 
 def check_snapshottable(config: VmConfig, plan: Plan) -> None:
