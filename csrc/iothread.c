@@ -207,9 +207,20 @@ static void run_event(struct iothread *io)
     }
 }
 
+/* Whether every service says polling while idle can help its guest. */
+static int idle_poll_helps(struct iothread *io)
+{
+    int i;
+    for (i = 0; i < io->nservices; i++)
+        if (io->service[i].ops->idle_poll && !io->service[i].ops->idle_poll(io->service[i].ctx))
+            return 0;
+    return 1;
+}
+
 /*
  * NAPI-like: sleep in epoll while idle; once woken, keep polling while work
- * keeps arriving, and go back to sleep after budget_us without any.
+ * keeps arriving, and go back to sleep after budget_us without any (at
+ * once where a service says idle polling cannot help its guest).
  */
 static void run_hybrid(struct iothread *io)
 {
@@ -222,7 +233,7 @@ static void run_hybrid(struct iothread *io)
             last_work = clock_ns(CLOCK_MONOTONIC);
             continue;
         }
-        if (clock_ns(CLOCK_MONOTONIC) - last_work < budget_ns) {
+        if (clock_ns(CLOCK_MONOTONIC) - last_work < budget_ns && idle_poll_helps(io)) {
             io->stats.idle_spins++;
             spin_pause();
             continue;

@@ -82,6 +82,9 @@ struct io_service_ops {
     void (*awake)(void *ctx);          /* the thread is awake: no kicks needed */
     void (*drain)(void *ctx);          /* after a wake-up: consume its eventfds */
     void (*finish)(void *ctx);         /* the thread is stopping: last work */
+    /* hybrid mode: 0 if polling while idle would only hold off this
+     * service's guest, so the thread sleeps at once (NULL: polling helps) */
+    int  (*idle_poll)(void *ctx);
 };
 
 /*

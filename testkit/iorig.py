@@ -319,8 +319,10 @@ class Solo5Rig(IoRig):
         max_frame: int = ANY_FRAME,
         kick: bool = False,
         cpu: int = -1,
+        mode: int = lib.IO_MODE_EVENT,
+        budget_us: int = 0,
     ) -> None:
-        super().__init__(lib.IO_MODE_EVENT, 0, kick=kick, cpu=cpu)
+        super().__init__(mode, budget_us, kick=kick, cpu=cpu)
         self.buffer: GuardedBuffer | None = None
         self._memory = memory
         if memory is None:
@@ -344,7 +346,7 @@ class Solo5Rig(IoRig):
         """One entry, as the guest writes it, then its tail moved on."""
         e = self.ring.ent[self.ring.ent_tail % 1024]
         e.operation, e.handle, e.data, e.len, e.id = op, handle, data, length, ident
-        self.ring.ent_tail += 1
+        self.ring.ent_tail = (self.ring.ent_tail + 1) & 0xFFFFFFFF  # free-running
 
     def commit(self, i: int) -> tuple[int, int, int]:
         """Completion ``i``: (id, ret, len)."""

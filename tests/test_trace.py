@@ -23,6 +23,7 @@ PHASES = [
     "imports: VMM",
     "plan: options, memory size",
     "load ELF (headers, notes, manifest)",
+    "plan: the host architecture's code (its first import)",
     "plan",
     "devices and taps",
     "open /dev/kvm",

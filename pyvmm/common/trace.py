@@ -83,6 +83,13 @@ def event(name: str, begin_ns: int, args: dict | None = None) -> None:
     _events.append((name, begin_ns, now(), os.getpid(), tid, args))
 
 
+def name_thread(name: str) -> None:
+    """Name the calling thread in the trace: threads started without
+    ``threading`` have no name of their own there (ignored unless --trace)."""
+    if enabled:
+        _threads[_thread.get_native_id()] = name
+
+
 def tasks() -> frozenset[int]:
     """The ids of this process's threads (nothing unless --trace is given):
     taken before a thread is started, to find it afterwards."""

@@ -387,6 +387,7 @@ class _Thread:
 
     def _bootstrap(self) -> None:
         self.ident = threads.get_ident()
+        trace.name_thread(self.name)
         try:
             self._target()
         finally:

@@ -41,6 +41,34 @@ def test_reads_are_committed_and_writes_sent_in_order():
         rig.close()
 
 
+def test_a_ring_resumed_at_a_snapshots_indices_is_served_from_there():
+    """A restored Solo5 ring: the host's indices set before the thread runs
+    (pyvmm/devices/net/snapshot.py), the next entry, past the wrap, served
+    where the guest put it, and the indices read back for the next snapshot."""
+    rig = plain_rig()
+    try:
+        start = 2**32 - 1  # the next entry wraps both indices
+        rig.ring.ent_tail = rig.ring.com_head = start
+        rig.ring.ent_head = rig.ring.com_tail = 0  # what a snapshot does not restore
+        assert lib.io_solo5_set_indices(rig.io, start, start) == 0
+        ent_head, com_tail = ffi.new("uint32_t *"), ffi.new("uint32_t *")
+        assert lib.io_solo5_indices(rig.io, ent_head, com_tail) == 0
+        assert (ent_head[0], com_tail[0]) == (start, start)
+        rig.peer.send(b"after-restore")
+        rig.submit(lib.SOLO5_RING_OP_READ, 0x1000, 2048, 41)
+        rig.submit(lib.SOLO5_RING_OP_READ, 0x2000, 2048, 42)
+        assert kit.io_test_service(rig.io) == 2
+        assert rig.commit(start % 1024) == (41, lib.HVT_RET_OK, 13)
+        assert rig.commit(0)[:2] == (42, lib.HVT_RET_AGAIN)
+        assert bytes(ffi.buffer(rig.mem + 0x1000, 13)) == b"after-restore"
+        assert (rig.ring.ent_head, rig.ring.com_tail) == (1, 1)
+        assert lib.io_solo5_indices(rig.io, ent_head, com_tail) == 0
+        assert (ent_head[0], com_tail[0]) == (1, 1)
+        assert rig.counters.bad_entries == 0
+    finally:
+        rig.close()
+
+
 def test_a_write_the_tap_refuses_is_counted_as_a_failed_write():
     rig = plain_rig()
     try:

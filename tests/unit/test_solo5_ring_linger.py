@@ -1,4 +1,4 @@
-"""The IO thread serving Solo5's ring in event mode, on a CPU of its own
+"""The IO thread serving Solo5's ring in event and hybrid mode, on a CPU of its own
 (--pin), stays awake for a moment after a read: a Solo5 guest reads
 synchronously (it spins for each commit, then submits the next read), so
 sleeping at once after every read made every frame cost the guest a kick
@@ -92,3 +92,35 @@ def test_the_thread_sleeps_again_once_reads_stop():
         assert commits == [(2, lib.HVT_RET_OK, 3)] and kicks >= 1
     finally:
         rig.close()
+
+
+def hybrid_reads(cpu: int) -> tuple[int, int, int]:
+    """FRAMES back-to-back reads in hybrid mode with a long budget: the
+    kicks they took, the thread's idle polling passes and its sleeps."""
+    rig = Solo5Rig(size=64 * 1024, kick=True, cpu=cpu, mode=lib.IO_MODE_HYBRID, budget_us=50_000)
+    try:
+        for i in range(FRAMES):
+            rig.peer.send(b"frame-%04d" % i)
+        rig.start()
+        kicks, commits = guest_reads(rig, FRAMES)
+        rig.stop()
+        assert commits == [(i, lib.HVT_RET_OK, 10) for i in range(FRAMES)]
+        return kicks, rig.stats.idle_spins, rig.stats.sleeps
+    finally:
+        rig.close()
+
+
+def test_unpinned_hybrid_sleeps_at_once_as_event_mode_does():
+    """Its idle polling would share a CPU with a guest spinning for each
+    commit: unpinned, hybrid never polls idle, whatever its budget."""
+    kicks, idle_spins, sleeps = hybrid_reads(cpu=-1)
+    assert idle_spins == 0, f"{idle_spins} idle polling passes"
+    assert kicks > FRAMES // 2 and sleeps > FRAMES // 2, (kicks, sleeps)
+
+
+def test_pinned_hybrid_polls_through_its_budget():
+    kicks, idle_spins, sleeps = hybrid_reads(cpu=1)
+    assert idle_spins > 0
+    # A 50 ms budget outlasts the gaps between these reads: no sleep, no
+    # kick, but the first (the thread starts asleep) and maybe a missed one.
+    assert kicks < FRAMES // 4 and sleeps < FRAMES // 4, (kicks, sleeps)
