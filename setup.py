@@ -5,6 +5,7 @@ docs/orchestration.md): in the source tree for an editable install, in the
 wheel otherwise."""
 
 import os
+import subprocess
 import sys
 
 from setuptools import Distribution, setup
@@ -58,6 +59,18 @@ class BuildWithLauncher(build_ext):
         # The same program as the install's `pyvmm` command (see below).
         os.makedirs(os.path.dirname(COMMAND), exist_ok=True)
         self.copy_file(target, COMMAND)
+        self.write_sandbox_programs(package_dir)
+
+    def write_sandbox_programs(self, package_dir: str) -> None:
+        """The sandbox's filter compiled now, beside the extension, so no
+        VM process compiles it (pyvmm/host/sandbox_prebuilt.py). Without
+        them every process compiles it, as before: a warning, no failure."""
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.abspath(package_dir)))
+        step = "from pyvmm.host import sandbox_prebuilt as p; p.write()"
+        done = subprocess.run([sys.executable, "-s", "-c", step], env=env, capture_output=True)
+        if done.returncode:
+            last = (done.stderr.decode(errors="replace").strip().splitlines() or ["?"])[-1]
+            print(f"warning: the sandbox's filter is not compiled ahead: {last}", file=sys.stderr)
 
 
 #: setuptools' own build_scripts (its copy of distutils, whatever is imported).

@@ -17,11 +17,12 @@ no_new_privs is set first, and the filter is synchronised to every thread
 
 Built on libseccomp (csrc/sandbox.c): names, not numbers, so one list
 serves every architecture (a name an architecture lacks is skipped). The
-filter is compiled to BPF once per process (``program``: about 2 ms of
-libseccomp), with placeholders for the values only the filtered process
-knows (its pid, its VM's and vCPU's fds), and ``install`` writes those into
-a copy and loads it: the warm launcher compiles before it forks
-(pyvmm/serve/warm.py), so each VM's child only binds and loads.
+filter is compiled to BPF once per process (``program``: 0.4 ms of
+libseccomp, or read as the build compiled it: sandbox_prebuilt.py), with
+placeholders for the values only the filtered process knows (its pid, its
+VM's and vCPU's fds), and ``install`` writes those into a copy and loads
+it: the warm launcher compiles before it forks (pyvmm/serve/warm.py), so
+each VM's child only binds and loads.
 """
 
 from __future__ import annotations
@@ -81,20 +82,31 @@ _programs: dict[bool, bytes] = {}
 
 def program(*, kill: bool = False) -> bytes:
     """The filter compiled to BPF, its pid and fds still placeholders: the
-    same rules give the same program, so it is built once per process, and
-    a process forked after the build (a launcher's VM) inherits it."""
+    same rules give the same program, so it is built once per process (or
+    read as the build wrote it: pyvmm/host/sandbox_prebuilt.py), and a
+    process forked after the build (a launcher's VM) inherits it."""
     compiled = _programs.get(kill)
     if compiled is None:
-        names = [ffi.new("char[]", n.encode()) for n in ALLOW]
-        array = ffi.new("char *[]", names)
-        action = lib.PYVMM_SANDBOX_KILL if kill else lib.PYVMM_SANDBOX_ERRNO
-        size = lib.PYVMM_SANDBOX_PROG_MAX
-        buf = ffi.new("char[]", size)
-        length = lib.pyvmm_sandbox_build(array, len(names), action, buf, size)
-        if length < 0:
-            raise _error(length)
-        compiled = _programs[kill] = ffi.buffer(buf, length)[:]
+        from pyvmm.host import sandbox_prebuilt
+
+        compiled = sandbox_prebuilt.load(ALLOW, kill)
+        if compiled is None:
+            compiled = compile_program(kill=kill)
+        _programs[kill] = compiled
     return compiled
+
+
+def compile_program(*, kill: bool = False) -> bytes:
+    """The filter compiled by libseccomp now."""
+    names = [ffi.new("char[]", n.encode()) for n in ALLOW]
+    array = ffi.new("char *[]", names)
+    action = lib.PYVMM_SANDBOX_KILL if kill else lib.PYVMM_SANDBOX_ERRNO
+    size = lib.PYVMM_SANDBOX_PROG_MAX
+    buf = ffi.new("char[]", size)
+    length = lib.pyvmm_sandbox_build(array, len(names), action, buf, size)
+    if length < 0:
+        raise _error(length)
+    return ffi.buffer(buf, length)[:]
 
 
 def bound(*, vm_fd: int, vcpu_fd: int, kill: bool = False) -> bytes:
