@@ -33,6 +33,7 @@ import sys
 from pyvmm._native import ffi, lib
 from pyvmm.common.errors import HostError
 from pyvmm.common.values import MAX_ID, is_decimal
+from pyvmm.host import sandbox_prebuilt
 
 # What a thread of pyvmm may still ask the kernel for while the guest runs,
 # whatever the arguments. Added in C with argument checks: tgkill (to this
@@ -87,8 +88,6 @@ def program(*, kill: bool = False) -> bytes:
     process forked after the build (a launcher's VM) inherits it."""
     compiled = _programs.get(kill)
     if compiled is None:
-        from pyvmm.host import sandbox_prebuilt
-
         compiled = sandbox_prebuilt.load(ALLOW, kill)
         if compiled is None:
             compiled = compile_program(kill=kill)

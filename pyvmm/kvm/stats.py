@@ -24,12 +24,17 @@ class KvmStats:
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        # The layout is read at the first read(), not here: a cold start's
+        # set-up would pay 0.2 ms for it before the guest's first instruction.
+        self._fields: list[tuple[str, int]] | None = None
+
+    def _layout(self) -> list[tuple[str, int]]:
         size = ffi.sizeof("struct kvm_stats_header")
-        raw_header = os.pread(fd, size, 0)
+        raw_header = os.pread(self.fd, size, 0)
         fields = _layouts.get(raw_header)
         if fields is None:
-            fields = _layouts[raw_header] = _scalars(fd, raw_header)
-        self._fields = fields
+            fields = _layouts[raw_header] = _scalars(self.fd, raw_header)
+        return fields
 
     @classmethod
     def open(cls, vcpu_fd: int) -> KvmStats | None:
@@ -41,6 +46,8 @@ class KvmStats:
         return cls(fd)
 
     def read(self) -> dict[str, int]:
+        if self._fields is None:
+            self._fields = self._layout()
         values = {}
         for name, offset in self._fields:
             values[name] = int.from_bytes(os.pread(self.fd, 8, offset), "little")

@@ -84,6 +84,7 @@ def _ask_kvm(machine: str) -> None:
                 cpu.supported_cpuid(system)
             stats = KvmStats.open(vm.create_vcpu(0).fd)
             if stats is not None:
+                stats.read()  # its layout, kept for every child
                 stats.close()
     except HostError:
         pass
