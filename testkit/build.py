@@ -5,6 +5,7 @@ path csrc/ first), so the ring operations the tests drive are exactly the
 static inline code of csrc/shmstream_ring.h that guests and the IO thread
 compile.  Build it with ``python3 -m testkit.build`` (scripts/setup does);
 ``testkit.native`` rebuilds it when a source is newer than the build.
+Run as a module it also builds testkit._guestnet (guestnet_build.py).
 """
 
 from __future__ import annotations
@@ -96,4 +97,9 @@ def build(force: bool = False) -> Path:
 
 
 if __name__ == "__main__":
-    print(build(force="--force" in sys.argv[1:]))
+    force = "--force" in sys.argv[1:]
+    print(build(force=force))
+    # The second test-only extension: the guest's net_shm.c for the host.
+    from testkit import guestnet_build
+
+    print(guestnet_build.build(force=force))
