@@ -24,6 +24,39 @@ int io_test_service(void *io)
     return work;
 }
 
+int io_test_prepare_sleep(void *io)
+{
+    struct iothread *t = io;
+    int i, ok = 1;
+
+    for (i = 0; i < t->nservices; i++)
+        if (t->service[i].ops->prepare_sleep &&
+            !t->service[i].ops->prepare_sleep(t->service[i].ctx))
+            ok = 0;
+    return ok;
+}
+
+void io_test_drain(void *io)
+{
+    struct iothread *t = io;
+    int i;
+
+    for (i = 0; i < t->nservices; i++)
+        if (t->service[i].ops->drain)
+            t->service[i].ops->drain(t->service[i].ctx);
+}
+
+int io_test_idle_poll(void *io)
+{
+    struct iothread *t = io;
+    int i;
+
+    for (i = 0; i < t->nservices; i++)
+        if (t->service[i].ops->idle_poll && !t->service[i].ops->idle_poll(t->service[i].ctx))
+            return 0;
+    return 1;
+}
+
 uint32_t shm_test_prod_space(void *ring, uint32_t prod, uint32_t slots)
 {
     return shm_prod_space(ring, prod, slots);

@@ -27,6 +27,12 @@ uint64_t shm_test_ring_size(uint32_t slots);
  * services report.  What the thread's loop runs, driven step by step.
  */
 int io_test_service(void *io);
+/* The thread's other steps, one at a time on the calling thread: whether
+ * every service agrees to sleep (each has announced it: prepare_sleep), a
+ * wake-up's drain, and whether idle polling helps every service. */
+int io_test_prepare_sleep(void *io);
+void io_test_drain(void *io);
+int io_test_idle_poll(void *io);
 
 /*
  * Two-thread stress of one ring: a producer pthread and a consumer pthread
