@@ -398,3 +398,83 @@ def test_a_copy_of_the_kernel_elsewhere_is_the_same_unikernel(resume, tmp_path):
     image = kernel.read_bytes()  # another file, other bytes: refused
     kernel.write_bytes(image.replace(b"before: 0x", b"BEFORE: 0x"))
     assert "not the unikernel" in one_line(run_pyvmm(f"--restore={tmp_path / 's'}"))
+
+
+def _restate(directory, change) -> None:
+    """cpu.state's parts changed, its checksum and size in the metadata made
+    to match: a snapshot someone else wrote, not a damaged one."""
+    from pyvmm.vm.snapshot import vcpu
+
+    path = directory / "cpu.state"
+    parts = snapshot_format.unpack_state(path.read_bytes(), vcpu.state_sizes())
+    change(parts)
+    packed = snapshot_format.pack_state(parts)
+    path.write_bytes(packed)
+    digest = snapshot_format.checksum(packed)
+    reseal(directory, _set("cpu_state", "sha256", digest))
+    reseal(directory, _set("cpu_state", "size", len(packed)))
+
+
+x86_only = pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86_64's CPUID")
+
+
+def _entries(raw: bytes) -> list[bytes]:
+    return [raw[i : i + 40] for i in range(0, len(raw), 40)]
+
+
+@x86_only
+def test_the_snapshot_keeps_the_cpuid_its_guest_was_shown(snapshot):
+    """A boot shows the guest KVM's supported CPUID; the snapshot keeps
+    the vCPU's entries as KVM then had them (their values as KVM updated
+    them from the guest's state: OSXSAVE, the APIC id), one per leaf the
+    host offered, and a restore sets them again (no host query)."""
+    from pyvmm._native import ffi
+    from pyvmm.arch.x86_64 import cpu
+    from pyvmm.kvm import System
+    from pyvmm.vm.snapshot import vcpu
+
+    raw = (snapshot[0] / "cpu.state").read_bytes()
+    saved = snapshot_format.unpack_state(raw, vcpu.state_sizes())["cpuid"]
+    with System() as system:
+        supported = cpu.supported_cpuid(system)
+        host = bytes(ffi.buffer(supported.entries, supported.nent * 40))
+    leaves = sorted(entry[:8] for entry in _entries(saved))  # (function, index)
+    assert leaves == sorted(entry[:8] for entry in _entries(host))
+
+
+@x86_only
+def test_a_snapshot_without_a_cpuid_takes_the_hosts(resume, snapshot, tmp_path):
+    directory = copy_of(snapshot, tmp_path)
+    _restate(directory, lambda parts: parts.pop("cpuid"))
+    restored = run_pyvmm(f"--restore={directory}")
+    assert restored.returncode == 0, restored.stderr
+    assert restored.stdout.endswith("SUCCESS\n")
+
+
+def _bad_address_width(parts) -> None:
+    """Leaf 0x80000008 saying 32-bit virtual addresses: KVM accepts 48 or 57."""
+    entries = _entries(parts["cpuid"])
+    for i, entry in enumerate(entries):
+        if int.from_bytes(entry[:4], "little") == 0x80000008:
+            eax = int.from_bytes(entry[12:16], "little")
+            eax = (eax & ~0xFF00) | (32 << 8)
+            entries[i] = entry[:12] + eax.to_bytes(4, "little") + entry[16:]
+            break
+    else:
+        pytest.skip("this KVM shows no leaf 0x80000008")
+    parts["cpuid"] = b"".join(entries)
+
+
+@x86_only
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (lambda parts: parts.update(cpuid=parts["cpuid"][:-1]), "part 'cpuid' is"),
+        (lambda parts: parts.update(cpuid=parts["cpuid"] * 5), "part 'cpuid' is"),
+        (_bad_address_width, "this KVM refuses its vCPU set-up: KVM_SET_CPUID2"),
+    ],
+)
+def test_a_cpuid_the_format_or_kvm_refuses_is_one_line(snapshot, tmp_path, change, expected):
+    directory = copy_of(snapshot, tmp_path)
+    _restate(directory, change)
+    assert expected in one_line(run_pyvmm(f"--restore={directory}"))

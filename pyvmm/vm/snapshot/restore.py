@@ -25,6 +25,7 @@ from pyvmm.common import trace
 from pyvmm.common.errors import UsageError
 from pyvmm.common.sizes import MIB
 from pyvmm.devices import attaching_option, kinds, option_table
+from pyvmm.kvm.ioctl import KvmError
 from pyvmm.loader import DeviceType, page_protections
 from pyvmm.vm.snapshot import vcpu as cpu_state
 from pyvmm.vm.snapshot.format import (
@@ -266,7 +267,11 @@ class Restore:
                 self.path,
                 f"taken where the TSC runs at {self.tsc_khz} kHz, here at {tsc_khz} kHz",
             )
-        arch_state.prepare(system, vcpu)
+        try:
+            arch_state.prepare(system, vcpu, self.state)
+        except KvmError as err:
+            why = str(err).removeprefix("pyvmm: ")
+            raise refuse(self.path, f"this KVM refuses its vCPU set-up: {why}") from None
         gap_ns = max(0, time.time_ns() - self.wall_ns)
         tsc = self.tsc + gap_ns * self.tsc_khz // 1_000_000
         arch_state.apply(vcpu, arch_state.with_counter(self.state, tsc))

@@ -144,7 +144,7 @@ def rewind_hypercall(state: dict[str, bytes], read) -> dict[str, bytes] | None:
     return _with(state, pc_id, at)
 
 
-def prepare(system, vcpu: Vcpu) -> None:
+def prepare(system, vcpu: Vcpu, state: dict[str, bytes]) -> None:
     """A fresh vCPU initialised as a boot does (KVM_ARM_VCPU_INIT)."""
     cpu.init(vcpu.vm_fd, vcpu)
 
