@@ -56,7 +56,7 @@ def load(names: tuple[str, ...], kill: bool, directory: str | None = None) -> by
             or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
         ):
             return None
-        data = os.read(fd, info.st_size + 1)
+        data = os.read(fd, info.st_size)
     finally:
         os.close(fd)
     header = FORMAT + b" " + key(names, kill) + b"\n"

@@ -4,7 +4,11 @@ extension's owner may have written; anything else is compiled again."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -19,6 +23,8 @@ def written(tmp_path):
         "_sandbox-errno.bpf",
         "_sandbox-kill.bpf",
     ]
+    for name in files:  # readable by all, written by its owner only, never executable
+        assert stat.S_IMODE(os.stat(name).st_mode) == 0o644
     return tmp_path
 
 
@@ -104,3 +110,40 @@ def test_a_damaged_file_is_ignored(written, damage):
 
 def test_no_file_is_no_program(tmp_path):
     assert sandbox_prebuilt.load(sandbox.ALLOW, False, str(tmp_path)) is None
+
+
+def test_a_program_of_the_most_bytes_the_load_takes_is_read(written):
+    """The size check's edge: PYVMM_SANDBOX_PROG_MAX bytes are taken (the
+    kernel judges the program itself when it is loaded)."""
+    target = written / "_sandbox-errno.bpf"
+    header = target.read_bytes().split(b"\n", 1)[0] + b"\n"
+    largest = b"\0" * _native.lib.PYVMM_SANDBOX_PROG_MAX
+    target.write_bytes(header + largest)
+    assert sandbox_prebuilt.load(sandbox.ALLOW, False, str(written)) == largest
+    target.write_bytes(header + largest + b"\0" * 8)
+    assert sandbox_prebuilt.load(sandbox.ALLOW, False, str(written)) is None
+
+
+def test_the_file_is_read_through_a_descriptor_no_child_inherits(written, monkeypatch):
+    seen = []
+    fstat = os.fstat
+
+    def checking(fd):
+        seen.append(fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC)
+        return fstat(fd)
+
+    monkeypatch.setattr(sandbox_prebuilt.os, "fstat", checking)
+    assert sandbox_prebuilt.load(sandbox.ALLOW, False, str(written)) is not None
+    assert seen == [fcntl.FD_CLOEXEC]
+
+
+def test_the_build_step_says_what_it_wrote():
+    """``python -m pyvmm.host.sandbox_prebuilt`` (setup.py's step) writes
+    both programs beside the extension and names them."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pyvmm.host.sandbox_prebuilt"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [sandbox_prebuilt.path(False), sandbox_prebuilt.path(True)]
+    for kill in (False, True):
+        assert sandbox_prebuilt.load(sandbox.ALLOW, kill) == sandbox.compile_program(kill=kill)
