@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #include "guestnet.h"
 #include "pyvmm_abi.h"
@@ -30,7 +31,7 @@
 
 #define PAGE 4096ULL
 
-uint64_t gh_clock_ns, gh_clock_step, gh_clock_reads;
+uint64_t gh_clock_ns, gh_clock_step, gh_clock_reads, gh_clock_last;
 void (*gh_clock_hook)(void);
 uint64_t gh_polls, gh_first_poll_at, gh_poll_timeout, gh_other_hypercalls;
 void (*gh_poll_hook)(void);
@@ -76,6 +77,7 @@ int rt_printf(const char *fmt, ...)
 solo5_time_t solo5_clock_monotonic(void)
 {
     solo5_time_t now = gh_clock_ns;
+    gh_clock_last = now;
     gh_clock_reads++;
     gh_clock_ns += gh_clock_step;
     if (gh_clock_hook != NULL)
@@ -104,7 +106,7 @@ void gh_hypercall(enum hvt_hypercall n, volatile void *arg)
     }
     volatile struct hvt_hc_poll *p = arg;
     if (gh_polls++ == 0)
-        gh_first_poll_at = gh_clock_ns;
+        gh_first_poll_at = gh_clock_last;
     gh_poll_timeout = p->timeout_nsecs;
     gh_clock_ns += p->timeout_nsecs;
     p->ready_set = 0;
@@ -153,6 +155,28 @@ static int install_trap(void)
 
 /* ---- the harness ---- */
 
+static void on_alarm(int sig)
+{
+    static const char msg[] =
+        "testkit._guestnet: a net_shm.c call did not return (watchdog): exiting\n";
+    (void)sig;
+    (void)!write(2, msg, sizeof(msg) - 1);
+    _exit(70);
+}
+
+int gh_watchdog(unsigned int seconds)
+{
+    struct sigaction sa;
+
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_alarm;
+    sigemptyset(&sa.sa_mask);
+    if (seconds != 0 && sigaction(SIGALRM, &sa, NULL) != 0)
+        return -errno;
+    alarm(seconds);
+    return 0;
+}
+
 struct pyvmm_boot_ext *gh_boot_ext(void)
 {
     return (struct pyvmm_boot_ext *)(uintptr_t)PYVMM_BOOT_EXT_GPA;
@@ -187,7 +211,7 @@ int gh_reset(void)
     memset(manifest, 0, sizeof(manifest));
     console[0] = '\0';
     console_len = 0;
-    gh_clock_ns = gh_clock_step = gh_clock_reads = 0;
+    gh_clock_ns = gh_clock_step = gh_clock_reads = gh_clock_last = 0;
     gh_clock_hook = NULL;
     gh_polls = gh_first_poll_at = gh_poll_timeout = gh_other_hypercalls = 0;
     gh_poll_hook = NULL;

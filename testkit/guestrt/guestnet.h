@@ -23,6 +23,11 @@ struct pyvmm_net_stats;
  * trap installed.  0, or -errno if the page cannot be mapped. */
 int gh_reset(void);
 
+/* A driver call that never returns (a loop that no longer ends) would
+ * hang the test run: after (seconds) the process says so on stderr and
+ * exits with status 70.  0 cancels it. */
+int gh_watchdog(unsigned int seconds);
+
 /* Memory below 4 GiB (the guest's identity map), page aligned: a region. */
 void *gh_map_low(uint64_t size);
 /* Memory at exactly (addr), or NULL if anything is mapped there. */
@@ -45,12 +50,13 @@ const char *gh_console(void);
 extern uint64_t gh_clock_ns;
 extern uint64_t gh_clock_step;
 extern uint64_t gh_clock_reads;
+extern uint64_t gh_clock_last;      /* the value the last read returned */
 extern void (*gh_clock_hook)(void);
 
 /* HVT_HYPERCALL_POLL: counted, its timeout added to the clock, then
  * gh_poll_hook (if set) runs: the host acting while the guest waits. */
 extern uint64_t gh_polls;
-extern uint64_t gh_first_poll_at;   /* the clock at the first poll */
+extern uint64_t gh_first_poll_at;   /* gh_clock_last at the first poll */
 extern uint64_t gh_poll_timeout;    /* the last poll's timeout_nsecs */
 extern void (*gh_poll_hook)(void);
 /* Any other hypercall (net_shm.c makes none). */
