@@ -56,6 +56,7 @@ struct solo5_link {
     uint32_t com_tail;
     int stalled;         /* a read waits for commit room: sleep till a kick */
     uint64_t read_ns;    /* CLOCK_MONOTONIC of the last read committed */
+    uint64_t linger_ns;  /* how long the thread stays awake after one */
     struct solo5_ring_counters c;
 };
 

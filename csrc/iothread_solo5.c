@@ -157,7 +157,7 @@ static int own_cpu(const struct solo5_link *s)
 static int lingering(const struct solo5_link *s)
 {
     return own_cpu(s) && s->read_ns != 0 &&
-           clock_ns(CLOCK_MONOTONIC) - s->read_ns < RING_LINGER_NS;
+           clock_ns(CLOCK_MONOTONIC) - s->read_ns < s->linger_ns;
 }
 
 /*
@@ -226,6 +226,7 @@ int io_set_solo5_ring_view(struct iothread *io, void *ring, const struct pyvmm_g
         return err;
     io->s5.ring = ring;
     io->s5.mem = *mem;
+    io->s5.linger_ns = RING_LINGER_NS;
     if (usable < io->s5.mem.size)
         io->s5.mem.size = usable;
     for (i = 0; i < MFT_MAX_ENTRIES; i++)

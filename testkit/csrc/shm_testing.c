@@ -46,6 +46,11 @@ void io_test_drain(void *io)
             t->service[i].ops->drain(t->service[i].ctx);
 }
 
+void io_test_solo5_linger(void *io, uint64_t ns)
+{
+    ((struct iothread *)io)->s5.linger_ns = ns;
+}
+
 int io_test_idle_poll(void *io)
 {
     struct iothread *t = io;

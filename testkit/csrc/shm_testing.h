@@ -33,6 +33,9 @@ int io_test_service(void *io);
 int io_test_prepare_sleep(void *io);
 void io_test_drain(void *io);
 int io_test_idle_poll(void *io);
+/* How long the Solo5 ring's thread lingers after a read (a test's own
+ * window: 100 us, the default, is shorter than a preempted test step). */
+void io_test_solo5_linger(void *io, uint64_t ns);
 
 /*
  * Two-thread stress of one ring: a producer pthread and a consumer pthread

@@ -16,6 +16,9 @@ from testkit.native import lib as kit
 
 READ, WRITE = lib.SOLO5_RING_OP_READ, lib.SOLO5_RING_OP_WRITE
 ENTRIES = 1024
+#: The lingering window of the tests that expect the thread to linger: long
+#: enough that no preemption between two steps can close it.
+LONG_LINGER_NS = 60 * 10**9
 
 
 @pytest.fixture
@@ -101,6 +104,7 @@ def test_pinned_to_cpu_0_the_thread_lingers_after_a_read():
     """CPU 0 is a CPU of its own like any other: lingering and hybrid's
     idle polling are on."""
     rig = Solo5Rig(size=64 * 1024, cpu=0)
+    kit.io_test_solo5_linger(rig.io, LONG_LINGER_NS)
     try:
         assert kit.io_test_idle_poll(rig.io) == 1
         rig.submit(READ, 0x1000, 2048, 1)
@@ -124,6 +128,7 @@ def test_a_stall_ends_the_lingering_at_once():
     """Pinned, reads committed and then one stalled in the same pass: the
     thread sleeps on it rather than linger on a ring that cannot move."""
     rig = Solo5Rig(size=64 * 1024, cpu=1)
+    kit.io_test_solo5_linger(rig.io, LONG_LINGER_NS)
     try:
         rig.submit(READ, 0x1000, 2048, 1)
         assert rig.serve() == 1
@@ -190,6 +195,7 @@ def test_a_ring_full_of_submissions_is_served_not_broken(rig):
 
 def test_a_broken_entry_tail_ends_the_lingering_at_once():
     rig = Solo5Rig(size=64 * 1024, cpu=1)
+    kit.io_test_solo5_linger(rig.io, LONG_LINGER_NS)
     try:
         rig.submit(READ, 0x1000, 2048, 1)
         assert rig.serve() == 1
