@@ -66,8 +66,9 @@ class BuildWithLauncher(build_ext):
         VM process compiles it (pyvmm/host/sandbox_prebuilt.py). Without
         them every process compiles it, as before: a warning, no failure."""
         env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.abspath(package_dir)))
-        step = "from pyvmm.host import sandbox_prebuilt as p; p.write()"
-        done = subprocess.run([sys.executable, "-s", "-c", step], env=env, capture_output=True)
+        done = subprocess.run(
+            [sys.executable, "-s", "-m", "pyvmm.host.sandbox"], env=env, capture_output=True
+        )
         if done.returncode:
             last = (done.stderr.decode(errors="replace").strip().splitlines() or ["?"])[-1]
             print(f"warning: the sandbox's filter is not compiled ahead: {last}", file=sys.stderr)

@@ -147,7 +147,7 @@ def build_native(repo: Path, env: dict[str, str], testkit: bool = True) -> str |
     # The sandbox's filter compiled ahead, as setup.py's build does
     # (pyvmm/host/sandbox_prebuilt.py); a mutant it fails on is compiled
     # again, and fails, at run time.
-    sh([sys.executable, "-m", "pyvmm.host.sandbox_prebuilt"], repo, env)
+    sh([sys.executable, "-m", "pyvmm.host.sandbox"], repo, env)
     if testkit:
         kit = sh([sys.executable, "-m", "testkit.build"], repo, env)
         if kit.returncode:

@@ -108,6 +108,12 @@ def compile_program(*, kill: bool = False) -> bytes:
     return ffi.buffer(buf, length)[:]
 
 
+def write_prebuilt(directory: str | None = None) -> list[str]:
+    """Both programs compiled now and written beside the extension (or in
+    ``directory``) for the processes to come: the build's step."""
+    return sandbox_prebuilt.write(ALLOW, lambda kill: compile_program(kill=kill), directory)
+
+
 def bound(*, vm_fd: int, vcpu_fd: int, kill: bool = False) -> bytes:
     """The program with this process's pid and its VM's and vCPU's fds."""
     compiled = program(kill=kill)
@@ -333,3 +339,8 @@ def drop_privileges(user: str) -> None:
         os.setuid(uid)
     except OSError as err:
         raise HostError(f"--user={user}: cannot switch user: {err.strerror}") from None
+
+
+if __name__ == "__main__":  # the build's step (setup.py): python -m pyvmm.host.sandbox
+    for written in write_prebuilt():
+        print(written)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 
 from pyvmm import _native
 
@@ -71,24 +72,20 @@ def load(names: tuple[str, ...], kill: bool, directory: str | None = None) -> by
     return program
 
 
-def write(directory: str | None = None) -> list[str]:
-    """Compile both programs (errno and kill) and write them for ``load``:
-    the build's step. The files written."""
-    from pyvmm.host import sandbox
-
+def write(
+    names: tuple[str, ...], compile_program: Callable[[bool], bytes], directory: str | None = None
+) -> list[str]:
+    """``compile_program(kill)``'s programs (errno and kill) written for
+    ``load``: the build's step (``python -m pyvmm.host.sandbox``). The files
+    written."""
     written = []
     for kill in (False, True):
         target = path(kill, directory)
-        program = sandbox.compile_program(kill=kill)
+        program = compile_program(kill)
         temporary = f"{target}.{os.getpid()}.new"
         with open(temporary, "wb") as out:
-            out.write(FORMAT + b" " + key(sandbox.ALLOW, kill) + b"\n" + program)
+            out.write(FORMAT + b" " + key(names, kill) + b"\n" + program)
         os.chmod(temporary, 0o644)
         os.replace(temporary, target)
         written.append(target)
     return written
-
-
-if __name__ == "__main__":
-    for name in write():
-        print(name)

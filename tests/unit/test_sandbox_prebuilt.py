@@ -18,7 +18,7 @@ from pyvmm.host import sandbox, sandbox_prebuilt
 
 @pytest.fixture
 def written(tmp_path):
-    files = sandbox_prebuilt.write(str(tmp_path))
+    files = sandbox.write_prebuilt(str(tmp_path))
     assert sorted(os.path.basename(f) for f in files) == [
         "_sandbox-errno.bpf",
         "_sandbox-kill.bpf",
@@ -138,10 +138,10 @@ def test_the_file_is_read_through_a_descriptor_no_child_inherits(written, monkey
 
 
 def test_the_build_step_says_what_it_wrote():
-    """``python -m pyvmm.host.sandbox_prebuilt`` (setup.py's step) writes
+    """``python -m pyvmm.host.sandbox`` (setup.py's step) writes
     both programs beside the extension and names them."""
     done = subprocess.run(
-        [sys.executable, "-m", "pyvmm.host.sandbox_prebuilt"], capture_output=True, text=True
+        [sys.executable, "-m", "pyvmm.host.sandbox"], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [sandbox_prebuilt.path(False), sandbox_prebuilt.path(True)]
