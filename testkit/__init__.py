@@ -6,6 +6,11 @@ use that pyvmm itself does not ship.
                      functions, the two-thread ring stress, the UDP sender;
                      built by scripts/setup (python3 -m testkit.build), and
                      rebuilt on import when a source is newer than the build
+    testkit.guestnet the guest's shmstream driver (guests/runtime/net_shm.c,
+                     unchanged) built for the host with test doubles
+                     (testkit/guestrt), the test playing a broken host;
+                     built with testkit.native, rebuilt on import when an
+                     input's content changed
     testkit.iorig    the one rig around the native IO thread: its eventfds,
                      socketpair taps, guard areas, a shmstream link or
                      Solo5's ring served a pass at a time or threaded
