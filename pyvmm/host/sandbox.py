@@ -90,12 +90,12 @@ def program(*, kill: bool = False) -> bytes:
     if compiled is None:
         compiled = sandbox_prebuilt.load(ALLOW, kill)
         if compiled is None:
-            compiled = compile_program(kill=kill)
+            compiled = compile_program(kill)
         _programs[kill] = compiled
     return compiled
 
 
-def compile_program(*, kill: bool = False) -> bytes:
+def compile_program(kill: bool) -> bytes:
     """The filter compiled by libseccomp now."""
     names = [ffi.new("char[]", n.encode()) for n in ALLOW]
     array = ffi.new("char *[]", names)
@@ -111,7 +111,7 @@ def compile_program(*, kill: bool = False) -> bytes:
 def write_prebuilt(directory: str | None = None) -> list[str]:
     """Both programs compiled now and written beside the extension (or in
     ``directory``) for the processes to come: the build's step."""
-    return sandbox_prebuilt.write(ALLOW, lambda kill: compile_program(kill=kill), directory)
+    return sandbox_prebuilt.write(ALLOW, compile_program, directory)
 
 
 def bound(*, vm_fd: int, vcpu_fd: int, kill: bool = False) -> bytes:

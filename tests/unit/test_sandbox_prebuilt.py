@@ -147,3 +147,26 @@ def test_the_build_step_says_what_it_wrote():
     assert done.stdout.splitlines() == [sandbox_prebuilt.path(False), sandbox_prebuilt.path(True)]
     for kill in (False, True):
         assert sandbox_prebuilt.load(sandbox.ALLOW, kill) == sandbox.compile_program(kill=kill)
+
+
+class _Refusing:
+    """pyvmm._native.lib with pyvmm_sandbox_build failing with ``err``."""
+
+    def __init__(self, err: int) -> None:
+        self.err = err
+
+    def pyvmm_sandbox_build(self, *args: object) -> int:
+        return self.err
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(_native.lib, name)
+
+
+@pytest.mark.parametrize("err", [-1, -12])  # EPERM (a container's seccomp profile), ENOMEM
+def test_a_compile_that_fails_is_one_line(monkeypatch, err):
+    from pyvmm.common.errors import HostError
+
+    monkeypatch.setattr(sandbox, "lib", _Refusing(err))
+    with pytest.raises(HostError) as raised:
+        sandbox.compile_program(False)
+    assert str(raised.value).endswith(f"{os.strerror(-err)} (--no-sandbox runs without)")
