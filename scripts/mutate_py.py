@@ -94,8 +94,18 @@ def mutants(db: WorkDB, module: str, text: str) -> list[PyMutant]:
     lines = text.split("\n")
     seen: dict[str, int] = {}
     result = []
-    items = sorted(db.work_items, key=lambda w: (w.mutations[0].start_pos, w.job_id))
-    items.sort(key=lambda w: (w.mutations[0].start_pos, w.mutations[0].operator_name))
+    # By the mutation itself, never by the work item's random job id: two
+    # mutants of one operator at one position (NumberReplacer's +1 and -1)
+    # get #1 and #2 in cosmic-ray's occurrence order, the same every run, so
+    # an id listed as equivalent always names the same mutant.
+    items = sorted(
+        db.work_items,
+        key=lambda w: (
+            w.mutations[0].start_pos,
+            w.mutations[0].operator_name,
+            w.mutations[0].occurrence,
+        ),
+    )
     for item in items:
         spec = item.mutations[0]
         row, col = spec.start_pos
