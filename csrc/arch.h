@@ -24,6 +24,9 @@ struct kvm_run;
  */
 unsigned pyvmm_arch_hypercall(const struct pyvmm_exit *exit, uint64_t *gpa);
 
+/* The doorbell this exit rings (hctransport.h's pyvmm_doorbell_*), or 0. */
+uint32_t pyvmm_arch_doorbell(const struct pyvmm_exit *exit);
+
 /*
  * Exit reasons only this architecture has, decoded into *exit (kvm_run.c
  * calls it for every reason its common decoding does not know).

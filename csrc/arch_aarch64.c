@@ -17,6 +17,13 @@ unsigned pyvmm_arch_hypercall(const struct pyvmm_exit *exit, uint64_t *gpa)
     return n;
 }
 
+uint32_t pyvmm_arch_doorbell(const struct pyvmm_exit *exit)
+{
+    if (exit->reason != KVM_EXIT_MMIO)
+        return 0;
+    return pyvmm_doorbell_mmio(exit->mmio_is_write, exit->mmio_len, exit->mmio_addr);
+}
+
 void pyvmm_arch_decode_exit(const struct kvm_run *run, struct pyvmm_exit *exit)
 {
     switch (run->exit_reason) {

@@ -16,6 +16,13 @@ unsigned pyvmm_arch_hypercall(const struct pyvmm_exit *exit, uint64_t *gpa)
     return n;
 }
 
+uint32_t pyvmm_arch_doorbell(const struct pyvmm_exit *exit)
+{
+    if (exit->reason != KVM_EXIT_IO || exit->io_direction != KVM_EXIT_IO_OUT)
+        return 0;
+    return pyvmm_doorbell_pio(exit->io_size, exit->io_count, exit->io_port);
+}
+
 void pyvmm_arch_decode_exit(const struct kvm_run *run, struct pyvmm_exit *exit)
 {
     /* A debug exit (KVM_SET_GUEST_DEBUG: a single step or a hardware

@@ -247,6 +247,12 @@ static int dispatch(struct pyvmm_fastpath *fp, const struct pyvmm_exit *exit, in
 {
     uint64_t gpa;
 
+    /* A kick of Solo5's ring this thread serves (its own guard: memory
+     * lost under the ring goes to Python, which says so). */
+    if (fp->ring_io && pyvmm_arch_doorbell(exit) == HVT_RING_KICK_PIO) {
+        return io_solo5_kick(fp->ring_io) < 0 ? PYTHON : ANSWERED;
+    }
+
     /* The transport is the architecture's (arch.h): port I/O or MMIO. */
     switch (pyvmm_arch_hypercall(exit, &gpa)) {
     case HVT_HYPERCALL_WALLTIME:

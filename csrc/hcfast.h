@@ -30,10 +30,15 @@
 
 /* What poll needs of a shmstream region (iothread.h). */
 struct pyvmm_shm_poll;
+/* An IO thread whose Solo5 ring this loop serves at a kick (iothread.h). */
+struct iothread;
 
 struct pyvmm_fastpath {
     const struct pyvmm_guestmem *mem;   /* GuestMemory.view */
     const struct pyvmm_shm_poll *shm;   /* the shmstream region, or NULL */
+    /* The IO thread whose Solo5 ring a kick's exit is served for
+     * (io_solo5_kick), or NULL: its kicks are KVM's ioeventfd. */
+    struct iothread *ring_io;
     /* By manifest handle (< MFT_MAX_ENTRIES): the tap fd of a net device
      * (-1: none), its largest frame. */
     int32_t net_fd[64];
@@ -49,8 +54,9 @@ struct pyvmm_fastpath {
     int32_t poll_fd[66];
     int32_t poll_handle[66];
     /* Counters: hypercalls answered here (each one a VM exit that reached
-     * pyvmm's process but not Python), and frames dropped the way
-     * TapBackend drops them. */
+     * pyvmm's process but not Python; `answered` counts the Solo5 ring's
+     * kicks served here too, which its own counters name), and frames
+     * dropped the way TapBackend drops them. */
     uint64_t answered;           /* all of them */
     uint64_t walltimes;
     uint64_t net_reads;

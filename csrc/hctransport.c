@@ -1,6 +1,8 @@
 /* See hctransport.h: which port write or MMIO store is an hvt hypercall. */
 #include "hctransport.h"
 #include "hvt_abi.h"
+#include "pyvmm_abi.h"
+#include "shmstream.h"
 
 /* Numbers past Solo5's that a device kind of this run answers (bit n),
  * set before the vCPU runs: none for every guest but a test kind's. */
@@ -53,4 +55,32 @@ uint32_t pyvmm_hypercall_mmio(uint32_t is_write, uint32_t len, uint64_t addr)
 {
     int32_t slot = is_write ? pyvmm_hypercall_mmio_slot(len, addr) : -1;
     return slot > 0 ? (uint32_t)slot : 0;
+}
+
+/* The doorbells, by their port. */
+static int is_doorbell(uint32_t port)
+{
+    return port == HVT_RING_KICK_PIO || port == SHM_KICK_PIO || port == PYVMM_NULL_KICK_PIO;
+}
+
+uint32_t pyvmm_doorbell_pio(uint32_t size, uint32_t count, uint32_t port)
+{
+    return size == 4 && count == 1 && is_doorbell(port) ? port : 0;
+}
+
+/* The same doorbells at their MMIO addresses (aarch64), named by port. */
+uint32_t pyvmm_doorbell_mmio(uint32_t is_write, uint32_t len, uint64_t addr)
+{
+    if (!is_write || len != 4)
+        return 0;
+    switch (addr) {
+    case HVT_RING_KICK_MMIO:
+        return HVT_RING_KICK_PIO;
+    case SHM_KICK_MMIO:
+        return SHM_KICK_PIO;
+    case PYVMM_NULL_KICK_MMIO:
+        return PYVMM_NULL_KICK_PIO;
+    default:
+        return 0;
+    }
 }

@@ -44,4 +44,14 @@ int32_t pyvmm_hypercall_mmio_slot(uint32_t len, uint64_t addr);
 /* The hypercall number an MMIO access carries, 0 if none (a load never). */
 uint32_t pyvmm_hypercall_mmio(uint32_t is_write, uint32_t len, uint64_t addr);
 
+/*
+ * The doorbell a write rings, named by its x86 port on every machine
+ * (HVT_RING_KICK_PIO, SHM_KICK_PIO, PYVMM_NULL_KICK_PIO), or 0: one 4-byte
+ * `outl` to that port, or one 32-bit store to its MMIO address (aarch64).
+ * A doorbell KVM absorbs (an ioeventfd) never exits; one that does is
+ * answered by whoever serves it (hcfast.c, Python's exit loop).
+ */
+uint32_t pyvmm_doorbell_pio(uint32_t size, uint32_t count, uint32_t port);
+uint32_t pyvmm_doorbell_mmio(uint32_t is_write, uint32_t len, uint64_t addr);
+
 #endif

@@ -53,6 +53,8 @@ struct solo5_ring_counters {
     uint64_t bad_index;          /* guest's ent_tail or com_head impossible */
     uint64_t commit_stalls;      /* commit ring full: submissions wait */
     uint64_t write_failures;     /* frames the tap refused: dropped */
+    uint64_t kicks_inline;       /* kicks served by the vCPU thread (io_solo5_kick) */
+    uint64_t kicks_passed;       /* kicks it handed to the IO thread, busy on the ring */
 };
 
 /* Per thread. */
@@ -133,6 +135,16 @@ int io_set_solo5_ring_view(struct iothread *io, void *ring, const struct pyvmm_g
  * HVT_ETH_HLEN; longer ones are bad entries, as the net_write hypercall
  * refuses them). */
 int io_solo5_attach_tap(struct iothread *io, uint32_t handle, int backend_fd, uint32_t max_frame);
+/*
+ * A kick of Solo5's ring served by the caller (the vCPU thread, at the
+ * kick's exit) instead of the IO thread: the submissions waiting are
+ * served at once, so the guest finds its commit when it resumes.  If the
+ * IO thread is serving the ring right then, the kick is handed to it
+ * through kick_fd.  1: served here, 0: handed over, -EINVAL: no ring.
+ * For an IO thread without a CPU of its own, where a kick's wake-up of
+ * the thread costs more than the exit (docs/solo5-bindings.md).
+ */
+int io_solo5_kick(struct iothread *io);
 struct solo5_ring_counters *io_solo5_counters(struct iothread *io);
 struct io_stats *io_thread_stats(struct iothread *io);
 

@@ -6,7 +6,9 @@
 #include <string.h>
 
 #include <sched.h>
+#include <setjmp.h>
 
+#include "guard.h"
 #include "iothread_internal.h"
 #include "shmstream_ring.h"
 #include "spin.h"
@@ -164,26 +166,52 @@ static int lingering(const struct solo5_link *s)
  * Hybrid mode's idle polling, for the same reason: unpinned, the passes
  * after a commit (each a sched_yield) share a CPU with a guest that spins
  * for its next commit, and the guest's spin then holds the CPU until its
- * time slice ends, once per read (unpinned, in one bench/pps.py run:
- * 3.3k frames/s, against event mode's 32k and 33k with this rule;
- * docs/solo5-bindings.md).  There hybrid sleeps at once, as event mode does;
- * pinned, the lingering above keeps it awake while reads follow each other.
+ * time slice ends, once per read (docs/solo5-bindings.md, "hybrid
+ * unpinned").  There hybrid sleeps at once, as event mode does (and the
+ * vCPU thread serves the kicks itself: io_solo5_kick); pinned, the
+ * lingering above keeps it awake while reads follow each other.
  */
 static int ring_idle_poll(void *ctx)
 {
     return own_cpu(ctx);
 }
 
-static int ring_prepare_sleep(void *ctx)
+/*
+ * The ring's state (the host's indices, stalled, read_ns, the counters)
+ * belongs to one thread at a time: the IO thread's pass, or the vCPU
+ * thread serving a kick inline (io_solo5_kick).  Neither waits for the
+ * other: the IO thread that finds the ring taken looks again on its next
+ * pass, the vCPU thread hands its kick to the IO thread.
+ */
+static int take(struct solo5_link *s)
+{
+    return !__atomic_exchange_n(&s->busy, 1, __ATOMIC_ACQUIRE);
+}
+
+static void give_back(struct solo5_link *s)
+{
+    __atomic_store_n(&s->busy, 0, __ATOMIC_RELEASE);
+}
+
+/* The IO thread's pass: a ring taken by a kick being served is work to
+ * look at again, not a reason to sleep. */
+static int ring_pass(void *ctx)
 {
     struct solo5_link *s = ctx;
+    int done;
+
+    if (!take(s))
+        return 1;
+    done = ring_service(s);
+    give_back(s);
+    return done;
+}
+
+static int may_sleep(struct solo5_link *s)
+{
     struct solo5_ring *r = s->ring;
     uint32_t pending;
 
-    if (lingering(s)) {
-        sched_yield();
-        return 0;
-    }
     __atomic_store_n(&r->needs_kick, 1, __ATOMIC_RELAXED);
     shm_full_fence();
     /* Only work that can progress keeps us awake: an impossible ent_tail,
@@ -193,22 +221,43 @@ static int ring_prepare_sleep(void *ctx)
     return !(pending != 0 && pending <= SOLO5_RING_ENTRIES && !s->stalled);
 }
 
+static int ring_prepare_sleep(void *ctx)
+{
+    struct solo5_link *s = ctx;
+    int linger, ok = 0;
+
+    if (!take(s))
+        return 0;
+    linger = lingering(s);
+    if (!linger)
+        ok = may_sleep(s);
+    give_back(s);
+    if (linger)
+        sched_yield();
+    return ok;
+}
+
 static void ring_awake(void *ctx)
 {
     struct solo5_link *s = ctx;
     __atomic_store_n(&s->ring->needs_kick, 0, __ATOMIC_RELAXED);
 }
 
-/* Woken (a kick, a frame): reads that waited for commit room try again. */
+/* Woken (a kick, a frame): reads that waited for commit room try again.
+ * A ring taken by a kick being served needs no drain: the kick drains. */
 static void ring_drain(void *ctx)
 {
     struct solo5_link *s = ctx;
-    s->stalled = 0;
+
+    if (take(s)) {
+        s->stalled = 0;
+        give_back(s);
+    }
 }
 
 static const struct io_service_ops ring_ops = {
     .name = "solo5-ring",
-    .service = ring_service,
+    .service = ring_pass,
     .prepare_sleep = ring_prepare_sleep,
     .awake = ring_awake,
     .drain = ring_drain,
@@ -263,6 +312,40 @@ int io_solo5_set_indices(struct iothread *io, uint32_t ent_head, uint32_t com_ta
     io->s5.ent_head = ent_head;
     io->s5.com_tail = com_tail;
     return 0;
+}
+
+int io_solo5_kick(struct iothread *io)
+{
+    struct solo5_link *s = &io->s5;
+    struct pyvmm_guard g;
+
+    if (!s->ring)
+        return -EINVAL;
+    if (!take(s)) {
+        __atomic_fetch_add(&s->c.kicks_passed, 1, __ATOMIC_RELAXED);
+        io_notify(io->kick_fd);
+        return 0;
+    }
+    /* Guest memory mapped from a file can lose a page under the ring or a
+     * buffer (guard.h): the ring is given back, and the caller ends the
+     * run with one line. */
+    if (sigsetjmp(g.env, 0)) {
+        give_back(s);
+        return -EFAULT;
+    }
+    pyvmm_guard_enter(&g, (const void *)(uintptr_t)s->mem.host, s->mem.size, s->ring,
+                      sizeof(*s->ring));
+    s->stalled = 0;
+    /* Everything the guest submitted, a batch at a time, until a read
+     * waits for commit room (the guest kicks again after it takes some).
+     * Bounded: the guest's one vCPU is in this exit, so ent_tail holds
+     * still, and each full batch moves ent_head on. */
+    while (ring_service(s) == IO_BATCH && !s->stalled)
+        ;
+    pyvmm_guard_leave(&g);
+    s->c.kicks_inline++;
+    give_back(s);
+    return 1;
 }
 
 struct solo5_ring_counters *io_solo5_counters(struct iothread *io)

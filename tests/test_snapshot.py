@@ -426,8 +426,11 @@ def _entries(raw: bytes) -> list[bytes]:
 def test_the_snapshot_keeps_the_cpuid_its_guest_was_shown(snapshot):
     """A boot shows the guest KVM's supported CPUID; the snapshot keeps
     the vCPU's entries as KVM then had them (their values as KVM updated
-    them from the guest's state: OSXSAVE, the APIC id), one per leaf the
-    host offered, and a restore sets them again (no host query)."""
+    them from the guest's state: OSXSAVE, the APIC id), a leaf at most once
+    and only leaves the host offered (KVM may keep fewer than it offered:
+    an Intel host of this kind kept 56 of 59, without leaves 0x1d, 0x1e
+    and 0x24), the ones every guest reads among them, and a restore
+    sets them again (no host query)."""
     from pyvmm._native import ffi
     from pyvmm.arch.x86_64 import cpu
     from pyvmm.kvm import System
@@ -438,8 +441,11 @@ def test_the_snapshot_keeps_the_cpuid_its_guest_was_shown(snapshot):
     with System() as system:
         supported = cpu.supported_cpuid(system)
         host = bytes(ffi.buffer(supported.entries, supported.nent * 40))
-    leaves = sorted(entry[:8] for entry in _entries(saved))  # (function, index)
-    assert leaves == sorted(entry[:8] for entry in _entries(host))
+    leaves = [entry[:8] for entry in _entries(saved)]  # (function, index)
+    offered = {entry[:8] for entry in _entries(host)}
+    assert len(set(leaves)) == len(leaves) and set(leaves) <= offered
+    functions = {int.from_bytes(leaf[:4], "little") for leaf in leaves}
+    assert {0, 1, 7, 0xD, 0x80000000, 0x80000001, 0x80000008} <= functions
 
 
 @x86_only

@@ -244,6 +244,8 @@ RING = {
             "bad_index",
             "commit_stalls",
             "write_failures",
+            "kicks_inline",
+            "kicks_passed",
         )
     ),
 }
@@ -256,7 +258,7 @@ RING_SUMMARY = [
     "    dropped by pyvmm: none; by the tap (the kernel): N to the guest (not read in time), "
     "N from it",
     "  IO thread (event): guest kicks N, returns from epoll N, sleeps N, passes that moved "
-    "frames N, idle passes N",
+    "frames N, idle passes N; kicks the vCPU thread served N",
     "  CPU time: vCPU thread N s (N% of the run), IO thread N s (N% of the run)",
 ]
 

@@ -97,6 +97,10 @@ class Arch(Protocol):
         """Let the guest's notification ``doorbell`` signal ``eventfd``
         inside KVM, without an exit to pyvmm."""
 
+    def doorbell(self, exit: VcpuExit) -> int:
+        """The doorbell (its x86 port) this exit rings, as
+        csrc/hctransport.h decodes it for the fast path too; 0: none."""
+
     def explain(self, exit: VcpuExit, vcpu: Vcpu, memory: GuestMemory) -> GuestFault | None:
         """The fault for an exit only this architecture can read, or None."""
 
@@ -132,6 +136,10 @@ class ArchBase:
     def hypercall_number(self, exit: VcpuExit) -> int:
         """The hypercall an exit of ``hypercall_exit``'s type carries, as
         csrc/hctransport.h decodes it (the C fast path's answer too); 0: none."""
+        raise NotImplementedError
+
+    def doorbell(self, exit: VcpuExit) -> int:
+        """The doorbell an exit of ``hypercall_exit``'s type rings; 0: none."""
         raise NotImplementedError
 
     def hypercall(self, exit: VcpuExit) -> tuple[int, int] | None:

@@ -161,8 +161,14 @@ class Service(Protocol):
     #: The C poll hypercall's view of its rings (``struct pyvmm_shm_poll *``)
     #: or ffi.NULL.
     poll_view: Any
+    #: Its IO thread (``struct iothread *``) if the vCPU thread serves the
+    #: guest's kicks at their exit (``kick``), else ffi.NULL.
+    kicks_at_exit: Any
 
     def drain_wake(self) -> None: ...
+
+    def kick(self) -> None:
+        """A kick that exited to Python: served as the C loop serves it."""
 
     def ready_set(self) -> int:
         """Handles with work for the guest, as a poll ``ready_set`` mask."""

@@ -166,18 +166,28 @@ class IoThread:
 class IoService:
     """Devices served by one IoThread; the guest kicks it through a port
     write that KVM turns into an eventfd signal (``KVM_IOEVENTFD``), so a
-    kick never exits to pyvmm. Subclasses attach their devices in
+    kick never exits to pyvmm (Solo5's ring on an unpinned thread excepted:
+    ``kicks_at_exit``). Subclasses attach their devices in
     ``__init__`` between ``_open`` and the end, and call ``close`` on error.
     """
 
-    def _open(self, config: IoConfig, vm, kick_port: int | None, *, wake: bool) -> None:
-        """``kick_port`` None: a service the guest never kicks (no doorbell)."""
+    #: A ``struct iothread *`` whose kicks the vCPU thread serves itself at
+    #: their exit (io_solo5_kick), or NULL: KVM absorbs them (an ioeventfd).
+    kicks_at_exit = ffi.NULL
+
+    def _open(
+        self, config: IoConfig, vm, kick_port: int | None, *, wake: bool, doorbell: bool = True
+    ) -> None:
+        """``kick_port`` None: a service the guest never kicks (no doorbell).
+        ``doorbell`` False: the kicks exit to pyvmm, and the eventfd only
+        hands the IO thread a kick the vCPU thread could not serve."""
         self.config = config
         self._stack = ExitStack()
         try:
             self.kick_fd = -1
             if kick_port is not None:
                 self.kick_fd = self._eventfd()
+            if kick_port is not None and doorbell:
                 # The architecture's doorbell: a port on x86_64, MMIO on aarch64.
                 host_arch().add_doorbell(vm, self.kick_fd, kick_port)
             # wake: the IO thread wakes the vCPU blocked in the poll hypercall.

@@ -53,6 +53,10 @@ def build(
     if len(views) > 1:
         raise ValueError(f"{len(views)} services with a poll view (the C poll reads one)")
     fp.shm = views[0] if views else ffi.NULL
+    kicked = [s.kicks_at_exit for s in services if s.kicks_at_exit != ffi.NULL]
+    if len(kicked) > 1:
+        raise ValueError(f"{len(kicked)} services served at a kick's exit (the C loop serves one)")
+    fp.ring_io = kicked[0] if kicked else ffi.NULL
     for kind, devices in kinds:
         kind.fill_fast_path(fp, devices)
     fp.n_poll = len(poll)

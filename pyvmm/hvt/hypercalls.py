@@ -54,6 +54,7 @@ class Hypercalls:
             (kind, {d.handle: d for k, d in attached if k is kind}) for kind in kinds()
         ]
         self.stop_fd = stop_fd
+        self._all_services = list(services)
         # The services whose wake-ups poll waits for, and looks at first.
         self.services = [s for s in services if s.wake_fd >= 0]
         # Poll set: the stop eventfd, each service's wake eventfd, then every
@@ -88,7 +89,7 @@ class Hypercalls:
         """These hypercalls as the C fast path sees them (hvt/fastpath.py)."""
         handles = [-1] * self._poll_first + self._poll_handles
         poll = [(self._poll_fds[i], h) for i, h in enumerate(handles)]
-        return fastpath.build(self.memory, self.kinds, poll, self.services)
+        return fastpath.build(self.memory, self.kinds, poll, self._all_services)
 
     def walltime(self, gpa: int) -> None:
         arg = self.memory.struct("struct hvt_hc_walltime", gpa, what="walltime hypercall")

@@ -341,6 +341,9 @@ def summary(snap: Snapshot) -> str:
         if "shmstream" in snap:
             woke = sum(d["notify_sent"] for d in snap["shmstream"]["devices"].values())
             io_line += f"; woke the guest {woke} times"
+        ring = (snap.get("solo5_ring") or {}).get("ring") or {}
+        if ring.get("kicks_inline"):
+            io_line += f"; kicks the vCPU thread served {ring['kicks_inline']}"
         lines.append(io_line)
     lines.append(cpu)
     return "\n".join(lines)

@@ -15,7 +15,7 @@ import time
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
-from pyvmm._native import lib
+from pyvmm._native import ffi, lib
 from pyvmm.arch import ExitHandler
 from pyvmm.common import trace
 from pyvmm.common.errors import (
@@ -33,7 +33,7 @@ from pyvmm.host import sandbox
 from pyvmm.host.threadswitches import SWITCH_KEYS, ThreadSwitches
 from pyvmm.hvt.bootinfo import BootInfo
 from pyvmm.hvt.hypercalls import Halt, Hypercalls
-from pyvmm.kvm import Interrupted, IoOut, Mmio, System, VcpuExit
+from pyvmm.kvm import Interrupted, System, VcpuExit
 from pyvmm.kvm.exits import Debug
 from pyvmm.kvm.memory import GuestMemory
 from pyvmm.kvm.stats import KvmStats
@@ -261,26 +261,30 @@ class Vmm:
         measured on this host, docs/startup.md), which every guest would pay
         at exit for the few that kick. The eventfd is made now, before the
         sandbox, which refuses creating one; the first kick reaches pyvmm
-        (``_null_kick``), the others stay in the kernel."""
+        (``_doorbell``), the others stay in the kernel."""
         self.null_kick_fd = -1
         if not self.system.check_extension(lib.KVM_CAP_IOEVENTFD):
             return
         self.null_kick_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self.stack.callback(os.close, self.null_kick_fd)
 
-    def _null_kick(self, exit: VcpuExit) -> bool:
-        """A write to the null-kick doorbell not yet registered: register it
+    def _doorbell(self, exit: VcpuExit) -> bool:
+        """A doorbell write that reached Python: a kick of a service the
+        vCPU thread serves at the kick's exit (the C loop's answer, without
+        it), or the null-kick doorbell's first write, which registers it
         (the write itself is done: the guest continues after it)."""
-        if self.null_kick_fd < 0:
+        bell = self.plan.arch.doorbell(exit)
+        if bell == 0:
             return False
-        if type(exit) is IoOut:
-            hit = exit.port == lib.PYVMM_NULL_KICK_PIO and exit.size == 4
-        else:
-            hit = type(exit) is Mmio and exit.is_write and exit.addr == lib.PYVMM_NULL_KICK_MMIO
-        if hit:
+        for _, service in self.services:
+            if bell == lib.HVT_RING_KICK_PIO and service.kicks_at_exit != ffi.NULL:
+                service.kick()
+                return True
+        if bell == lib.PYVMM_NULL_KICK_PIO and self.null_kick_fd >= 0:
             self.plan.arch.add_doorbell(self.vm, self.null_kick_fd, lib.PYVMM_NULL_KICK_PIO)
             self.null_kick_fd = -1  # closed by the stack
-        return hit
+            return True
+        return False
 
     def close(self) -> None:
         self.stack.close()
@@ -433,7 +437,7 @@ class Vmm:
             elif arch_answers is not None and arch_answers(exit):
                 if lib.pyvmm_stop_signal():
                     raise Stopped(lib.pyvmm_stop_signal())
-            elif not self._null_kick(exit):
+            elif not self._doorbell(exit):
                 raise fault(exit, self.plan.arch, vcpu, self.memory)
 
 

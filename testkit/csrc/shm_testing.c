@@ -51,6 +51,11 @@ void io_test_solo5_linger(void *io, uint64_t ns)
     ((struct iothread *)io)->s5.linger_ns = ns;
 }
 
+void io_test_solo5_hold(void *io, int held)
+{
+    __atomic_store_n(&((struct iothread *)io)->s5.busy, held, __ATOMIC_RELEASE);
+}
+
 int io_test_idle_poll(void *io)
 {
     struct iothread *t = io;

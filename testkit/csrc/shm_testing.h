@@ -36,6 +36,9 @@ int io_test_idle_poll(void *io);
 /* How long the Solo5 ring's thread lingers after a read (a test's own
  * window: 100 us, the default, is shorter than a preempted test step). */
 void io_test_solo5_linger(void *io, uint64_t ns);
+/* Hold Solo5's ring as a thread serving it does (1), or give it back (0):
+ * what the other side then meets. */
+void io_test_solo5_hold(void *io, int held);
 
 /*
  * Two-thread stress of one ring: a producer pthread and a consumer pthread

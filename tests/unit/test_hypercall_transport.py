@@ -144,3 +144,38 @@ def test_a_write_without_the_transports_shape_is_a_port_access(vcpu, exit, size)
     assert f"invalid hypercall: {size}-byte write to port {exit.port:#x} " in fault
     assert f"(Invalid guest port access: port={exit.port:#x})" in fault
     assert "num=" not in fault
+
+
+#: The doorbells, by their x86 port, and the MMIO address each has on aarch64.
+DOORBELLS = {
+    lib.HVT_RING_KICK_PIO: lib.HVT_RING_KICK_MMIO,
+    lib.SHM_KICK_PIO: lib.SHM_KICK_MMIO,
+    lib.PYVMM_NULL_KICK_PIO: lib.PYVMM_NULL_KICK_MMIO,
+}
+
+
+@pytest.mark.parametrize("port", sorted(DOORBELLS))
+def test_a_doorbell_is_one_outl_to_its_port_or_one_store_to_its_address(port):
+    assert X86_64.doorbell(IoOut(port, 4, 1)) == port
+    assert AARCH64.doorbell(Mmio(DOORBELLS[port], 4, True, 1)) == port
+    assert lib.pyvmm_doorbell_pio(4, 1, port) == port
+    assert lib.pyvmm_doorbell_mmio(1, 4, DOORBELLS[port]) == port
+
+
+@pytest.mark.parametrize("port", sorted(DOORBELLS))
+def test_another_shape_rings_no_doorbell(port):
+    for size in (1, 2, 8):
+        assert lib.pyvmm_doorbell_pio(size, 1, port) == 0
+        assert lib.pyvmm_doorbell_mmio(1, size, DOORBELLS[port]) == 0
+    for count in (0, 2):  # `rep outsl`
+        assert lib.pyvmm_doorbell_pio(4, count, port) == 0
+    assert lib.pyvmm_doorbell_mmio(0, 4, DOORBELLS[port]) == 0  # a load
+    assert X86_64.doorbell(Mmio(DOORBELLS[port], 4, True, 1)) == 0
+    assert AARCH64.doorbell(IoOut(port, 4, 1)) == 0
+
+
+@pytest.mark.parametrize("port", [0, PIO + 1, 0x5FF, 0x601, 0x60F, 0x611, 0x6FE, 0x700])
+def test_other_ports_and_addresses_ring_none(port):
+    assert lib.pyvmm_doorbell_pio(4, 1, port) == 0
+    for addr in (MMIO + 8, lib.HVT_RING_KICK_MMIO + 4, lib.SHM_KICK_MMIO - 4, 0):
+        assert lib.pyvmm_doorbell_mmio(1, 4, addr) == 0

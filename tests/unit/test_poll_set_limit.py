@@ -129,6 +129,7 @@ class _Woken:
     key = "woken"
     owned: frozenset[int] = frozenset()
     poll_view = ffi.NULL
+    kicks_at_exit = ffi.NULL
 
     def __init__(self, wake_fd: int) -> None:
         self.wake_fd = wake_fd

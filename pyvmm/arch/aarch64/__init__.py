@@ -17,7 +17,7 @@ from pyvmm.kvm import Mmio
 
 if TYPE_CHECKING:
     from pyvmm.arch import ExitHandler
-    from pyvmm.kvm import System, Vcpu, Vm
+    from pyvmm.kvm import System, Vcpu, VcpuExit, Vm
     from pyvmm.kvm.memory import GuestMemory, Protection
 
 #: Whether the extension was built for aarch64 (it has arm64's KVM ioctls).
@@ -63,6 +63,11 @@ class Aarch64(ArchBase):
 
     def add_doorbell(self, vm: Vm, eventfd: int, doorbell: int) -> None:
         vm.add_ioeventfd(eventfd, DOORBELLS[doorbell], 4, pio=False)
+
+    def doorbell(self, exit: VcpuExit) -> int:
+        if type(exit) is not Mmio:
+            return 0
+        return lib.pyvmm_doorbell_mmio(exit.is_write, exit.length, exit.addr)
 
     # A fault, where the guest is and its registers: read by this
     # architecture's own modules.

@@ -18,7 +18,7 @@ from pyvmm.kvm import IoOut
 
 if TYPE_CHECKING:
     from pyvmm.arch import ExitHandler
-    from pyvmm.kvm import System, Vcpu, Vm
+    from pyvmm.kvm import System, Vcpu, VcpuExit, Vm
     from pyvmm.kvm.memory import GuestMemory, Protection
 
 #: Whether the extension was built for x86_64 (it has x86's KVM ioctls).
@@ -59,6 +59,11 @@ class X86_64(ArchBase):
 
     def add_doorbell(self, vm: Vm, eventfd: int, doorbell: int) -> None:
         vm.add_ioeventfd(eventfd, doorbell, 4, pio=True)
+
+    def doorbell(self, exit: VcpuExit) -> int:
+        if type(exit) is not IoOut:
+            return 0
+        return lib.pyvmm_doorbell_pio(exit.size, exit.count, exit.port)
 
     # A fault, where the guest is and its registers: read by this
     # architecture's own modules.

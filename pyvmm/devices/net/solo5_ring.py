@@ -3,8 +3,10 @@
 Unmodified ring-capable Solo5 unikernels see ``HVT_FEATURE_RING_IO`` in
 ``host_features`` and a ring at ``boot_info.net_ring``, at the top of guest
 memory (the usable memory shrinks by a 2 MiB area), as under solo5-hvt.
-Their kicks (``outl`` to 0x600) land in a KVM ioeventfd; the IO thread
+Their kicks (``outl`` to 0x600) land in a KVM ioeventfd and the IO thread
 answers submissions: writes go to the tap, reads are committed at once.
+When the thread has no CPU of its own (no ``--pin``) a kick exits instead
+and the vCPU thread answers them the same way, at once.
 ``--no-net-ring`` turns it off. Layout: csrc/solo5_ring.h; docs/abi.md.
 """
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 from pyvmm._native import ffi, lib
 from pyvmm.devices.iothread import IoConfig, IoService
 from pyvmm.devices.net.device import NetDevice
-from pyvmm.kvm.memory import MIB, GuestMemory
+from pyvmm.kvm.memory import MIB, GuestMemory, PagesGone
 
 RING_AREA = 2 * MIB
 
@@ -42,8 +44,13 @@ class Solo5RingService(IoService):
         vm,
     ) -> None:
         self.gpa = gpa
+        # An IO thread without a CPU of its own: each kick is served by the
+        # vCPU thread at its exit, the guest's commit ready when it resumes
+        # (waking the thread cost more: docs/solo5-bindings.md). Pinned, the
+        # thread lingers after reads and KVM absorbs the rare kick.
+        inline = config.cpu is None
         # No host-to-guest notification: the guest spins for its commits.
-        self._open(config, vm, lib.HVT_RING_KICK_PIO, wake=False)
+        self._open(config, vm, lib.HVT_RING_KICK_PIO, wake=False, doorbell=not inline)
         try:
             ring = memory.pointer(gpa, ffi.sizeof("struct solo5_ring"), what="Solo5 ring")
             #: The ring as the host reads it (a restore checks its indices).
@@ -54,6 +61,14 @@ class Solo5RingService(IoService):
         except BaseException:
             self.close()
             raise
+        if inline:
+            self.kicks_at_exit = self.io.native
+
+    def kick(self) -> None:
+        """A kick that reached Python (no fast path): served as the C loop
+        serves it."""
+        if lib.io_solo5_kick(self.io.native) < 0:
+            raise PagesGone("Solo5's ring: guest memory under it is gone (its file was truncated)")
 
     def counters(self) -> dict:
         return {

@@ -1,0 +1,87 @@
+"""Who serves a kick of Solo5's ring (docs/solo5-bindings.md): unpinned,
+the vCPU thread at the kick's exit, in C and in Python alike; pinned, the
+IO thread, woken by KVM's ioeventfd. Observed from the counters: the
+ring's ``kicks_inline`` and ``kicks_passed``, the IO thread's wake-ups,
+and what the C loop answered that was no hypercall."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import guest
+from testkit import helpers
+from testkit.netns import NetNamespace
+
+pytestmark = [pytest.mark.kvm, pytest.mark.netns]
+
+GUEST_IP = "10.0.0.2"
+PINGS = 20
+#: The fast path's counters that are hypercalls (csrc/hcfast.h): whatever
+#: else it answered was a kick of the ring.
+HYPERCALL_FIELDS = (
+    "walltimes",
+    "net_reads",
+    "net_writes",
+    "polls",
+    "block_reads",
+    "block_writes",
+)
+
+
+def ring_run(tmp_path, *options: str, python: bool = False) -> dict:
+    """s5ring in event mode answering PINGS pings: its last counters."""
+    stats = tmp_path / "stats.json"
+    env = dict(os.environ)
+    if python:
+        env["PYVMM_PY_HYPERCALLS"] = "1"
+    with NetNamespace() as ns:
+        ns.add_quiet_tap("tap100")
+        vm, head = ns.start_pyvmm(
+            f"--stats-json={stats}",
+            "--shm=event",
+            *options,
+            "--net:service0=tap100",
+            guest("s5ring"),
+            GUEST_IP,
+            str(PINGS),
+            env=env,
+        )
+        helpers.ping(ns, GUEST_IP, PINGS, interval=0.05)
+        out, err = vm.communicate(timeout=60)
+    assert vm.returncode == 0 and "SUCCESS" in out, head + out + err
+    (line,) = stats.read_text().splitlines()
+    return json.loads(line)
+
+
+@pytest.mark.parametrize("python", [False, True], ids=["C", "Python"])
+def test_unpinned_the_vcpu_thread_serves_every_kick(tmp_path, python):
+    snap = ring_run(tmp_path, python=python)
+    ring, thread = snap["solo5_ring"]["ring"], snap["solo5_ring"]["thread"]
+    # Each ping is a read (and a write of the reply): kicks, served at once.
+    assert ring["reads"] >= PINGS and ring["writes"] >= PINGS, ring
+    assert ring["kicks_inline"] >= PINGS, ring
+    # The IO thread, asleep, is woken only for a kick handed to it (and the
+    # stop): not once per read, and its ioeventfd never counts a kick.
+    assert thread["wakeups"] <= ring["kicks_passed"] + 1, (thread, ring)
+    assert thread["kicks"] == ring["kicks_passed"], (thread, ring)
+    if python:
+        assert "hypercalls_in_c" not in snap
+        return
+    # In C: every exit the loop answered that was no hypercall was a kick,
+    # so no kick reached Python.
+    fast = snap["hypercalls_in_c"]
+    not_hypercalls = fast["answered"] - sum(fast[f] for f in HYPERCALL_FIELDS)
+    assert not_hypercalls == ring["kicks_inline"] + ring["kicks_passed"], (fast, ring)
+
+
+def test_pinned_the_io_thread_serves_the_ring_and_kvm_takes_the_kicks(tmp_path):
+    snap = ring_run(tmp_path, "--pin=io=1")
+    ring, thread = snap["solo5_ring"]["ring"], snap["solo5_ring"]["thread"]
+    assert ring["reads"] >= PINGS, ring
+    assert ring["kicks_inline"] == ring["kicks_passed"] == 0, ring
+    assert thread["busy_passes"] > 0 and thread["kicks"] > 0, thread
+    fast = snap["hypercalls_in_c"]
+    assert fast["answered"] == sum(fast[f] for f in HYPERCALL_FIELDS), fast
