@@ -145,6 +145,11 @@ int io_solo5_attach_tap(struct iothread *io, uint32_t handle, int backend_fd, ui
  * the thread costs more than the exit (docs/solo5-bindings.md).
  */
 int io_solo5_kick(struct iothread *io);
+/* The kicks will be served by io_solo5_kick (no ioeventfd): the guest is
+ * asked to kick after every submission, in every mode, whether the thread
+ * sleeps or not, so that it never spins for a thread that may share its
+ * CPU.  Before io_start; 0, -EINVAL (no ring) or -EBUSY. */
+int io_solo5_kicks_at_exit(struct iothread *io);
 struct solo5_ring_counters *io_solo5_counters(struct iothread *io);
 struct io_stats *io_thread_stats(struct iothread *io);
 

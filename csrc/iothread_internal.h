@@ -55,6 +55,7 @@ struct solo5_link {
     uint32_t ent_head;   /* trusted copies of the host-owned indices */
     uint32_t com_tail;
     int busy;            /* 1 while one thread serves the ring (take/give_back) */
+    int kicks_at_exit;   /* the vCPU thread serves kicks: always ask for one */
     int stalled;         /* a read waits for commit room: sleep till a kick */
     uint64_t read_ns;    /* CLOCK_MONOTONIC of the last read committed */
     uint64_t linger_ns;  /* how long the thread stays awake after one */

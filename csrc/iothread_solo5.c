@@ -200,6 +200,9 @@ static int ring_pass(void *ctx)
     struct solo5_link *s = ctx;
     int done;
 
+    /* Asked from the first pass on, also over a restored ring's flag. */
+    if (s->kicks_at_exit)
+        __atomic_store_n(&s->ring->needs_kick, 1, __ATOMIC_RELAXED);
     if (!take(s))
         return 1;
     done = ring_service(s);
@@ -240,7 +243,9 @@ static int ring_prepare_sleep(void *ctx)
 static void ring_awake(void *ctx)
 {
     struct solo5_link *s = ctx;
-    __atomic_store_n(&s->ring->needs_kick, 0, __ATOMIC_RELAXED);
+
+    if (!s->kicks_at_exit)
+        __atomic_store_n(&s->ring->needs_kick, 0, __ATOMIC_RELAXED);
 }
 
 /* Woken (a kick, a frame): reads that waited for commit room try again.
@@ -346,6 +351,16 @@ int io_solo5_kick(struct iothread *io)
     s->c.kicks_inline++;
     give_back(s);
     return 1;
+}
+
+int io_solo5_kicks_at_exit(struct iothread *io)
+{
+    if (!io->s5.ring)
+        return -EINVAL;
+    if (io->started)
+        return -EBUSY;
+    io->s5.kicks_at_exit = 1;
+    return 0;
 }
 
 struct solo5_ring_counters *io_solo5_counters(struct iothread *io)

@@ -77,6 +77,13 @@ class IoThread:
         if err:
             raise HostError(f"IO thread: cannot attach handle {handle}: {os.strerror(-err)}")
 
+    def solo5_kicks_at_exit(self) -> None:
+        """The vCPU thread serves the ring's kicks (no ioeventfd): ask the
+        guest for one after every submission."""
+        err = lib.io_solo5_kicks_at_exit(self._io)
+        if err:
+            raise HostError(f"IO thread: cannot serve kicks at their exit: {os.strerror(-err)}")
+
     def solo5_counters(self) -> dict[str, int]:
         c = lib.io_solo5_counters(self._io)
         return {name: getattr(c, name) for name in SOLO5_COUNTERS}

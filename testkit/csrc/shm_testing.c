@@ -46,6 +46,16 @@ void io_test_drain(void *io)
             t->service[i].ops->drain(t->service[i].ctx);
 }
 
+void io_test_awake(void *io)
+{
+    struct iothread *t = io;
+    int i;
+
+    for (i = 0; i < t->nservices; i++)
+        if (t->service[i].ops->awake)
+            t->service[i].ops->awake(t->service[i].ctx);
+}
+
 void io_test_solo5_linger(void *io, uint64_t ns)
 {
     ((struct iothread *)io)->s5.linger_ns = ns;

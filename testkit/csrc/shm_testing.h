@@ -32,6 +32,8 @@ int io_test_service(void *io);
  * wake-up's drain, and whether idle polling helps every service. */
 int io_test_prepare_sleep(void *io);
 void io_test_drain(void *io);
+/* What each service does once the thread is awake again (its awake op). */
+void io_test_awake(void *io);
 int io_test_idle_poll(void *io);
 /* How long the Solo5 ring's thread lingers after a read (a test's own
  * window: 100 us, the default, is shorter than a preempted test step). */

@@ -226,3 +226,42 @@ def test_memory_lost_under_the_ring_ends_the_kick_and_gives_the_ring_back():
         assert rig.counters.kicks_inline == 1
     finally:
         rig.close()
+
+
+def test_served_at_exit_the_guest_is_asked_to_kick_from_the_first_pass_on(rig):
+    """Whatever the ring's flag said before (a restored ring's), a pass asks
+    for kicks, and waking up does not take the request back: the guest
+    never spins for a thread that may share its CPU."""
+    assert lib.io_solo5_kicks_at_exit(rig.io) == 0
+    assert rig.ring.needs_kick == 0
+    kit.io_test_service(rig.io)
+    assert rig.ring.needs_kick == 1
+    kit.io_test_awake(rig.io)
+    assert rig.ring.needs_kick == 1
+    rig.ring.needs_kick = 0  # as a snapshot may have left it
+    kit.io_test_solo5_hold(rig.io, 1)  # even a pass that finds the ring held
+    kit.io_test_service(rig.io)
+    kit.io_test_solo5_hold(rig.io, 0)
+    assert rig.ring.needs_kick == 1
+
+
+def test_served_by_the_thread_waking_up_takes_the_request_for_kicks_back(rig):
+    kit.io_test_service(rig.io)
+    assert rig.ring.needs_kick == 0
+    assert kit.io_test_prepare_sleep(rig.io) == 1
+    assert rig.ring.needs_kick == 1
+    kit.io_test_awake(rig.io)
+    assert rig.ring.needs_kick == 0
+
+
+def test_kicks_at_exit_only_for_a_ring_and_before_the_thread_runs(rig):
+    plain = IoRig()
+    try:
+        assert lib.io_solo5_kicks_at_exit(plain.io) == -errno.EINVAL
+    finally:
+        plain.close()
+    rig.start()
+    try:
+        assert lib.io_solo5_kicks_at_exit(rig.io) == -errno.EBUSY
+    finally:
+        rig.stop()
