@@ -107,8 +107,12 @@ def is_c(path: str) -> bool:
 
 
 def copy_tree(dst: Path) -> None:
-    """The working tree as it is now, without build products and caches."""
-    ignore = shutil.ignore_patterns(
+    """The working tree as it is now, without build products and caches,
+    but with the guests' objects: tests that build a guest of their own
+    link it against the runtime's (testkit.helpers.build_runtime_guest),
+    and the copy builds the guests only when a mutated file goes into them
+    (make rebuilds what a mutant's newer source needs)."""
+    products = shutil.ignore_patterns(
         ".git",
         "__pycache__",
         "*.so",
@@ -122,6 +126,14 @@ def copy_tree(dst: Path) -> None:
         ".build.lock",
         ".venv",
     )
+    guests = ROOT / "guests"
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        left_out = products(directory, names)
+        if Path(directory).is_relative_to(guests):
+            left_out -= {n for n in names if n.endswith((".o", ".d"))}
+        return left_out
+
     shutil.copytree(ROOT, dst, ignore=ignore, symlinks=True)
 
 

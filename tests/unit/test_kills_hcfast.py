@@ -69,10 +69,12 @@ class Rig:
     def peek(self, gpa: int, length: int) -> bytes:
         return bytes(ffi.buffer(ffi.cast("char *", self.mem.host_addr + gpa), length))
 
-    def run(self, *calls: tuple[int, int]):
-        """Run the calls, then HLT: the exit pyvmm_vcpu_run_fast returned."""
-        code = b"".join(_call(nr, gpa) for nr, gpa in calls) + b"\xf4"
-        self.poke(CODE, code)
+    def run(self, *calls: tuple[int, int], code: bytes | None = None):
+        """Run the calls (or the instructions ``code``), then HLT: the exit
+        pyvmm_vcpu_run_fast returned."""
+        if code is None:
+            code = b"".join(_call(nr, gpa) for nr, gpa in calls)
+        self.poke(CODE, code + b"\xf4")
         with System() as system, system.create_vm() as vm:
             vm.set_memory(0, 0, self.mem.size, self.mem.host_addr)
             vcpu = vm.create_vcpu(0)
@@ -515,3 +517,60 @@ def test_the_answers_guard_is_gone_once_the_run_returns(tmp_path):
             os._exit(3)
     _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGBUS, status
+
+
+def _out(port: int, value: int) -> bytes:
+    """mov eax, value; mov dx, port; out dx, eax: a doorbell's write."""
+    return b"\x66\xb8" + struct.pack("<I", value) + b"\xba" + struct.pack("<H", port) + b"\x66\xef"
+
+
+def _kick_run(rig: Rig, port: int = lib.HVT_RING_KICK_PIO):
+    """A guest that writes one doorbell, then halts."""
+    return rig.run(code=_out(port, 0))
+
+
+@pytest.fixture
+def ring():
+    from testkit.iorig import Solo5Rig
+
+    made = Solo5Rig(size=64 * 1024, kick=True)
+    yield made
+    made.close()
+
+
+def test_without_a_ring_served_here_a_kick_goes_to_python(rig):
+    exit = _kick_run(rig)
+    assert isinstance(exit, exits.IoOut) and exit.port == lib.HVT_RING_KICK_PIO, exit
+    assert rig.fp.answered == 0
+
+
+def test_a_kick_of_the_ring_served_here_is_answered_and_the_run_goes_on(rig, ring):
+    rig.fp.ring_io = ring.io
+    ring.peer.send(b"k" * 64)
+    ring.submit(lib.SOLO5_RING_OP_READ, 0x1000, 2048, 9)
+    assert isinstance(_kick_run(rig), exits.Hlt)
+    assert rig.fp.answered == 1
+    assert ring.counters.kicks_inline == 1 and ring.commit(0) == (9, lib.HVT_RET_OK, 64)
+
+
+def test_a_kick_handed_to_the_io_thread_is_answered_too(rig, ring):
+    """The IO thread holds the ring: the kick goes to it through the kick
+    eventfd, and the guest resumes at once (Python has nothing to add)."""
+    from testkit.native import lib as kit
+
+    rig.fp.ring_io = ring.io
+    kit.io_test_solo5_hold(ring.io, 1)
+    try:
+        assert isinstance(_kick_run(rig), exits.Hlt)
+    finally:
+        kit.io_test_solo5_hold(ring.io, 0)
+    assert rig.fp.answered == 1
+    assert ring.counters.kicks_passed == 1 and ring.counters.kicks_inline == 0
+    assert int.from_bytes(os.read(ring.kick, 8), "little") == 1
+
+
+def test_another_doorbell_is_no_kick_of_the_ring(rig, ring):
+    rig.fp.ring_io = ring.io
+    exit = _kick_run(rig, lib.SHM_KICK_PIO)
+    assert isinstance(exit, exits.IoOut) and exit.port == lib.SHM_KICK_PIO, exit
+    assert ring.counters.kicks_inline == 0

@@ -152,3 +152,36 @@ def test_a_mutant_the_mutator_cannot_make_is_stillborn_not_a_crash(tmp_path) -> 
     assert mutant.outcome == mutate_run.STILLBORN and "cannot make it" in mutant.by
     assert (tmp_path / "x.c").read_text() == "int x;\n"
     assert "stillborn" in (tmp_path / "x.json").read_text()
+
+
+def test_the_scratch_copy_keeps_the_guests_objects_and_drops_other_products(
+    tmp_path, monkeypatch
+):
+    """Tests that link a guest of their own need the runtime's objects in
+    the copy (it builds the guests only for a mutant that goes into them);
+    the extension's objects, caches and the venv stay behind."""
+    tree = tmp_path / "tree"
+    for name in (
+        "guests/build/rt.o",
+        "guests/build/rt.d",
+        "guests/bin/hello.hvt",
+        "guests/hello.c",
+        "csrc/hcfast.c",
+        "build/temp/hcfast.o",
+        "pyvmm/_native.abi3.so",
+        "pyvmm/__pycache__/x.pyc",
+        ".venv/bin/python3",
+    ):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_text("x")
+    monkeypatch.setattr(mutate_run, "ROOT", tree)
+    copy = tmp_path / "copy"
+    mutate_run.copy_tree(copy)
+    kept = {str(p.relative_to(copy)) for p in copy.rglob("*") if p.is_file()}
+    assert kept == {
+        "guests/build/rt.o",
+        "guests/build/rt.d",
+        "guests/bin/hello.hvt",
+        "guests/hello.c",
+        "csrc/hcfast.c",
+    }

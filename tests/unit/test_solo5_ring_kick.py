@@ -45,6 +45,7 @@ def test_a_kick_answers_a_waiting_read_before_it_returns(rig):
     assert bytes(ffi.buffer(rig.mem + BUF, 100)) == b"f" * 100
     assert rig.counters.kicks_inline == 1 and rig.counters.kicks_passed == 0
     assert kick_signalled(rig) == 0  # the IO thread was not woken
+    assert lib.pyvmm_guard_in_force() == 0  # the kick's guard is left
 
 
 def test_a_read_with_no_frame_is_answered_again_at_once(rig):
@@ -221,6 +222,7 @@ def test_memory_lost_under_the_ring_ends_the_kick_and_gives_the_ring_back():
         os.ftruncate(memory.fd, 0)  # every page of it gone
         assert lib.io_solo5_kick(rig.io) == -errno.EFAULT
         assert rig.counters.kicks_inline == 0
+        assert lib.pyvmm_guard_in_force() == 0
         os.ftruncate(memory.fd, memory.size)  # back, zero-filled: nothing submitted
         assert lib.io_solo5_kick(rig.io) == 1
         assert rig.counters.kicks_inline == 1
