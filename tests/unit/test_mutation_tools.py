@@ -154,9 +154,7 @@ def test_a_mutant_the_mutator_cannot_make_is_stillborn_not_a_crash(tmp_path) -> 
     assert "stillborn" in (tmp_path / "x.json").read_text()
 
 
-def test_the_scratch_copy_keeps_the_guests_objects_and_drops_other_products(
-    tmp_path, monkeypatch
-):
+def test_the_scratch_copy_keeps_the_guests_objects_and_drops_other_products(tmp_path, monkeypatch):
     """Tests that link a guest of their own need the runtime's objects in
     the copy (it builds the guests only for a mutant that goes into them);
     the extension's objects, caches and the venv stay behind."""
