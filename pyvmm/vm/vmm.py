@@ -273,9 +273,7 @@ class Vmm:
         vCPU thread serves at the kick's exit (the C loop's answer, without
         it), or the null-kick doorbell's first write, which registers it
         (the write itself is done: the guest continues after it)."""
-        bell = self.plan.arch.doorbell(exit)
-        if bell == 0:
-            return False
+        bell = self.plan.arch.doorbell(exit)  # 0: none, which neither test below takes
         for _, service in self.services:
             if bell == lib.HVT_RING_KICK_PIO and service.kicks_at_exit != ffi.NULL:
                 service.kick()

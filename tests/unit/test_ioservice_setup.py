@@ -46,3 +46,44 @@ def test_a_failed_thread_creation_closes_the_eventfds(monkeypatch) -> None:
     with pytest.raises(HostError):
         IoService()._open(IoConfig(), Accepting(), 0x600, wake=True)
     assert open_fds() == before
+
+
+class Recording:
+    """A VM that records the doorbells registered with it."""
+
+    def __init__(self) -> None:
+        self.doorbells: list[int] = []
+
+    def add_ioeventfd(self, fd, port, length, pio=False):
+        self.doorbells.append(port)
+
+
+@pytest.mark.parametrize(
+    "port, doorbell, registered, kick_fd",
+    [(0x600, True, True, True), (0x600, False, False, True), (None, True, False, False)],
+    ids=["kvm-absorbs-the-kicks", "kicks-exit", "never-kicked"],
+)
+def test_a_doorbell_is_registered_only_where_kvm_takes_the_kicks(
+    port, doorbell, registered, kick_fd
+) -> None:
+    """Kicks served at their exit keep the eventfd (a kick the vCPU thread
+    hands to the IO thread goes through it) but no ioeventfd."""
+    vm = Recording()
+    service = IoService()
+    service._open(IoConfig(), vm, port, wake=False, doorbell=doorbell)
+    try:
+        assert bool(vm.doorbells) == registered
+        assert (service.kick_fd >= 0) == kick_fd
+    finally:
+        service._stack.close()
+
+
+def test_kicks_at_exit_need_a_solo5_ring_said_in_one_line() -> None:
+    from pyvmm.devices.iothread import IoThread
+
+    thread = IoThread(IoConfig(), -1, -1)
+    try:
+        with pytest.raises(HostError, match="^IO thread: cannot serve kicks at their exit: Invalid"):
+            thread.solo5_kicks_at_exit()
+    finally:
+        thread.close()
