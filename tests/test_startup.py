@@ -5,7 +5,6 @@ milliseconds nobody notices. docs/startup.md has the measurements."""
 from __future__ import annotations
 
 import json
-
 import subprocess
 import sys
 

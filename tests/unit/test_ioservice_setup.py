@@ -83,7 +83,8 @@ def test_kicks_at_exit_need_a_solo5_ring_said_in_one_line() -> None:
 
     thread = IoThread(IoConfig(), -1, -1)
     try:
-        with pytest.raises(HostError, match="^IO thread: cannot serve kicks at their exit: Invalid"):
+        refusal = "^IO thread: cannot serve kicks at their exit: Invalid"
+        with pytest.raises(HostError, match=refusal):
             thread.solo5_kicks_at_exit()
     finally:
         thread.close()
