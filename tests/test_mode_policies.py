@@ -21,12 +21,12 @@ ends. Snapshots every 100 ms with --stats-json. The oracles:
   while a thread that sleeps at once sleeps about once per frame. In the
   intervals that moved frames it polls (``idle_spins`` grows).
 
-Over Solo5's ring the IO thread serves the guest's submissions only when
-it has a CPU of its own (``--pin=io=``): unpinned, the guest kicks after
-every submission and the vCPU thread serves each kick at its exit
-(``kicks_inline``), and the thread, asleep in event and hybrid mode, is
-woken only for a kick handed to it (``kicks_passed``), never per read. So
-the three modes are observed over Solo5's ring pinned, and the hand-over
+Over Solo5's ring, in event and hybrid mode, the IO thread serves the
+guest's submissions only when it has a CPU of its own (``--pin=io=``):
+unpinned, the guest kicks after every submission and the vCPU thread
+serves each kick at its exit (``kicks_inline``), and the thread, asleep,
+is woken only for a kick handed to it (``kicks_passed``), never per read.
+So the modes are observed over Solo5's ring pinned, and the hand-over
 unpinned.
 """
 
@@ -187,22 +187,18 @@ def test_hybrid_sleeps_only_after_its_budget_without_work(service, tmp_path):
     assert thread(final)["sleeps"] >= 1
 
 
-@pytest.mark.parametrize("shm", ["poll", "event", "hybrid"])
+@pytest.mark.parametrize("shm", ["event", "hybrid"])
 def test_unpinned_the_vcpu_thread_serves_solo5s_ring_and_the_thread_sleeps(shm, tmp_path):
-    """Unpinned, the guest kicks Solo5's ring after every submission, in
-    every mode, and the vCPU thread serves the kick at its exit (the
-    guest's commit is there when it resumes). In event and hybrid the IO
-    thread, asleep after its first passes, is woken only for a kick handed
-    to it while it held the ring, never per read, and never polls idle,
-    whatever hybrid's budget; in poll it spins as ever (it may serve an
-    entry before its kick), never sleeping."""
+    """Unpinned, in event and hybrid mode, the guest kicks Solo5's ring after
+    every submission and the vCPU thread serves the kick at its exit (the
+    guest's commit is there when it resumes). The IO thread, asleep after
+    its first passes, is woken only for a kick handed to it while it held
+    the ring, never per read, and never polls idle, whatever hybrid's
+    budget."""
     snaps = mode_run(shm, "solo5_ring", tmp_path)
     for snap in snaps:
         t = thread(snap)
         ring = snap["solo5_ring"]["ring"]
-        if shm == "poll":
-            assert t["sleeps"] == t["wakeups"] == 0, t
-            continue
         assert t["idle_spins"] == 0, t
         assert t["wakeups"] <= t["sleeps"] <= t["wakeups"] + 1, t
         # Its only wake-ups: a kick handed over, and the stop at the end.
