@@ -533,6 +533,9 @@ def run_tx(case: dict, args) -> dict:
             tap_a = ns.link("tap100")["stats"]
             vm = Tender(ns, case, guest_args, args, tmp)
             cpu_ready = sum(vm.cpu().values())
+            # The guest sends from "ready" on, so some frames may leave before
+            # the CPU snapshot: the CPU per frame counts only those after it.
+            sent_before_cpu = ns.link("tap100")["stats"]["rx_packets"] - tap_a["rx_packets"]
             a = vm.snapshot()
             t0 = time.monotonic()
             out, err, ended = vm.finish(timeout=args.tx_timeout)
@@ -556,9 +559,22 @@ def run_tx(case: dict, args) -> dict:
         "window": window_counters(a, stats),
         # From "ready" to the process's end: the whole tender, every thread.
         "tender_cpu_s": None if vm.total_cpu_s is None else vm.total_cpu_s - cpu_ready,
+        "sent_before_cpu": sent_before_cpu,
         "wall_s": elapsed,
         "stats": stats,
     }
+
+
+def tx_cpu_us_frame(r: dict, sent: int) -> float | None:
+    """The tender's CPU per frame sent after its CPU snapshot, or None where
+    that cannot be told: too few frames left after it (a run shorter than
+    reading "ready" takes) for the two clocks' disagreement (the scheduler's
+    run time at the snapshot, wait4's rusage at the end) to stay small."""
+    after = sent - r.get("sent_before_cpu", 0)
+    cpu = r.get("tender_cpu_s")
+    if cpu is None or after < max(sent // 2, 1) or cpu <= 0:
+        return None
+    return cpu / after * 1e6
 
 
 def summarize_tx(r: dict) -> dict:
@@ -576,9 +592,7 @@ def summarize_tx(r: dict) -> dict:
         "sent": sent,
         "errors": host.get("pattern_errors", 0),
         "lost": 100 * (1 - host.get("received", 0) / max(sent, 1)) if guest else None,
-        "cpu_us_frame": None
-        if r.get("tender_cpu_s") is None or not sent
-        else r["tender_cpu_s"] / sent * 1e6,
+        "cpu_us_frame": tx_cpu_us_frame(r, sent),
     }
     if w:
         s.update(

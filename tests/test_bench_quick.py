@@ -26,7 +26,7 @@ def test_pps_quick_writes_json_and_chart(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "pps.py"), "--quick", "--modes", "poll"]
         + ["--seconds", "0.5", "--repeat", "1", "--ring-guest", "", "--out", str(prefix)]
-        + ["--tx-count", "2000", "--lat-count", "20"],
+        + ["--tx-count", "20000", "--lat-count", "20"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -46,7 +46,7 @@ def test_pps_quick_writes_json_and_chart(tmp_path: Path) -> None:
     for run in (r for runs in raw["tx"].values() for r in runs):
         assert run["ended"], f"{run['case']}: udpsend did not end:\n{run['output_tail']}"
     for tx in raw["summary"]["tx"]:
-        assert tx["sent"] == 2000 and tx["errors"] == 0 and tx["cpu_us_frame"] > 0
+        assert tx["sent"] == 20000 and tx["errors"] == 0 and tx["cpu_us_frame"] > 0
     for lat in raw["summary"]["latency"]:
         assert lat["answered"] + lat["lost"] == 20 and lat["median_us"] > 0
     assert "## receive" in done.stdout and "## latency" in done.stdout
