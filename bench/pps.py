@@ -193,6 +193,8 @@ class Tender:
                 argv += [f"--hybrid-budget={budget}"]
             if case.get("tap_read"):
                 argv += [f"--tap-read={case['tap_read']}"]
+            if case.get("kicks") and case["kicks"] != "thread":  # older checkouts: no flag
+                argv += [f"--net-ring-kicks={case['kicks']}"]
             if args.no_sandbox:
                 argv += ["--no-sandbox"]
             if case.get("py"):
@@ -723,15 +725,7 @@ def cases(args) -> list[dict]:
             rows += solo5_rows(args, cpl, suffix)
         elif args.ring_guest:
             for mode in filter(None, args.ring_modes.split(",")):
-                rows.append(
-                    {
-                        "label": f"s5ring-{mode}{suffix}",
-                        "tender": "pyvmm",
-                        "shm": mode,
-                        "cpl": cpl,
-                        "guest": args.ring_guest,
-                    }
-                )
+                rows += ring_rows(args, mode, suffix, cpl, args.ring_guest)
     for checkout in args.checkout:
         name, _, path = checkout.partition("=")
         launcher = Path(path) / "pyvmm" / "_launcher"
@@ -787,16 +781,25 @@ def solo5_rows(args, cpl: str, suffix: str) -> list[dict]:
         for mode in modes
     ]
     for shm in ["off", *(m for m in modes if m in SHM_MODES)]:
-        rows.append(
-            {
-                "label": f"s5ring-{shm}{suffix}",
-                "tender": "pyvmm",
-                "shm": shm,
-                "cpl": cpl,
-                "guest": build.app("udpsink", "hvt"),
-            }
-        )
+        rows += ring_rows(args, shm, suffix, cpl, build.app("udpsink", "hvt"))
     return rows
+
+
+def ring_rows(args, shm: str, suffix: str, cpl: str, guest: Path) -> list[dict]:
+    """s5ring rows of one mode: in event and hybrid mode one per
+    --ring-kicks value (who serves a kick; `-exit` rows: the vCPU thread)."""
+    kicks = [k for k in args.ring_kicks.split(",") if k] if shm in ("event", "hybrid") else []
+    return [
+        {
+            "label": f"s5ring-{shm}" + (f"-{k}" if k and k != "thread" else "") + suffix,
+            "tender": "pyvmm",
+            "shm": shm,
+            "cpl": cpl,
+            "kicks": k,
+            "guest": guest,
+        }
+        for k in kicks or [""]
+    ]
 
 
 def solo5_peers(args) -> list[dict]:
@@ -1076,6 +1079,12 @@ def main() -> int:
         default="event",
         help="s5ring rows' modes (poll, event, hybrid; default event: with poll a Solo5 "
         "ring guest receives ~1%% as much, docs/modes.md)",
+    )
+    parser.add_argument(
+        "--ring-kicks",
+        default="thread",
+        help="s5ring rows in event and hybrid mode: a row per --net-ring-kicks value in this "
+        "list (thread, exit; `-exit` rows)",
     )
     parser.add_argument(
         "--solo5",

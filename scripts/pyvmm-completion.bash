@@ -13,6 +13,7 @@ _pyvmm_values()
     --cpl) COMPREPLY=($(compgen -W "auto 0 3 deprivileged" -- "$cur")) ;;
     --shm) COMPREPLY=($(compgen -W "off poll event hybrid" -- "$cur")) ;;
     --tap-read) COMPREPLY=($(compgen -W "readv uring auto" -- "$cur")) ;;
+    --net-ring-kicks) COMPREPLY=($(compgen -W "thread exit" -- "$cur")) ;;
     --snapshot-at) COMPREPLY=($(compgen -W "first-wait sigusr2" -- "$cur")) ;;
     --log-level) COMPREPLY=($(compgen -W "error warning info debug" -- "$cur")) ;;
     --block|--dumpcore|--gdb-socket|--snapshot-dir|--restore|--stats-json|--trace) COMPREPLY=($(compgen -f -- "$cur")) ;;
@@ -39,7 +40,7 @@ _pyvmm()
         case $word in
         --) cur=files; break ;;
         *=*) ;;
-        --mem|--net:*|--net|--net-mac:*|--block:*|--block-sector-size:*|--cpl|--shm|--tap-read|--hybrid-budget|--user|--dumpcore|--gdb-port|--gdb-socket|--shm-slots|--pin|--snapshot-at|--snapshot-dir|--restore|--stats-json|--log-level)
+        --mem|--net:*|--net|--net-mac:*|--block:*|--block-sector-size:*|--cpl|--shm|--tap-read|--hybrid-budget|--net-ring-kicks|--user|--dumpcore|--gdb-port|--gdb-socket|--shm-slots|--pin|--snapshot-at|--snapshot-dir|--restore|--stats-json|--log-level)
             # its value is the next word, perhaps the one being completed
             ((i + 1 < n)) && ((i++)) || { _pyvmm_values "$word" "$full"; cur=done; break; } ;;
         -*) ;;
@@ -55,7 +56,7 @@ _pyvmm()
                 COMPREPLY[i]=${full%%=*}=${COMPREPLY[i]}
             done
         elif [[ $full == -* ]]; then
-            COMPREPLY=($(compgen -W "--mem= --mem --net: --net= --net --net-mac: --block: --block-sector-size: --no-lock --cpl= --cpl --shm= --shm --tap-read= --tap-read --hybrid-budget= --hybrid-budget --no-net-ring --legacy-abi --no-sandbox --user= --user --dumpcore= --dumpcore --gdb --gdb-port= --gdb-port --gdb-socket= --gdb-socket --shm-slots= --shm-slots --pin= --pin --snapshot-at= --snapshot-at --snapshot-dir= --snapshot-dir --snapshot-stop --restore= --restore --stats= --stats --stats-json= --stats-json --trace= --trace -v --verbose -vv --log-level= --log-level -q --quiet --query-manifest --json -h --help --version --host-info" -- "$full"))
+            COMPREPLY=($(compgen -W "--mem= --mem --net: --net= --net --net-mac: --block: --block-sector-size: --no-lock --cpl= --cpl --shm= --shm --tap-read= --tap-read --hybrid-budget= --hybrid-budget --net-ring-kicks= --net-ring-kicks --no-net-ring --legacy-abi --no-sandbox --user= --user --dumpcore= --dumpcore --gdb --gdb-port= --gdb-port --gdb-socket= --gdb-socket --shm-slots= --shm-slots --pin= --pin --snapshot-at= --snapshot-at --snapshot-dir= --snapshot-dir --snapshot-stop --restore= --restore --stats= --stats --stats-json= --stats-json --trace= --trace -v --verbose -vv --log-level= --log-level -q --quiet --query-manifest --json -h --help --version --host-info" -- "$full"))
         else
             COMPREPLY=($(compgen -f -- "$full"))
         fi

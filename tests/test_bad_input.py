@@ -184,6 +184,7 @@ def test_help_and_version_exit_zero():
         ("--pin=gpu=0", ["--pin", "vcpu=N or io=N"]),
         ("--pin=vcpu=\u00b2", ["--pin", "vcpu=N or io=N"]),  # isdigit() would say yes
         ("--hybrid-budget=4294967296", ["--hybrid-budget", "more than 1000000"]),
+        ("--net-ring-kicks=vcpu", ["--net-ring-kicks", "'vcpu' is not one of thread, exit"]),
         ("--net=@2147483648", ["not a file descriptor number"]),
         ("--net=@99999999999999999999", ["not a file descriptor number"]),
     ],
@@ -200,6 +201,8 @@ def test_bad_option_values(option, words):
         (["--hybrid-budget=100"], ["--hybrid-budget applies only to --shm=hybrid"]),
         (["--shm=event", "--hybrid-budget=100"], ["applies only to --shm=hybrid"]),
         (["--shm-slots=64"], ["--shm-slots", "gets no shmstream region"]),
+        (["--shm=poll", "--net-ring-kicks=exit"], ["applies only to --shm=event or hybrid"]),
+        (["--shm=off", "--net-ring-kicks=exit"], ["applies only to --shm=event or hybrid"]),
         (["--net:service0=tapA", "--net=tapB"], ["'service0' given twice"]),
     ],
 )

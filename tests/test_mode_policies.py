@@ -21,13 +21,13 @@ ends. Snapshots every 100 ms with --stats-json. The oracles:
   while a thread that sleeps at once sleeps about once per frame. In the
   intervals that moved frames it polls (``idle_spins`` grows).
 
-Over Solo5's ring, in event and hybrid mode, the IO thread serves the
-guest's submissions only when it has a CPU of its own (``--pin=io=``):
-unpinned, the guest kicks after every submission and the vCPU thread
-serves each kick at its exit (``kicks_inline``), and the thread, asleep,
-is woken only for a kick handed to it (``kicks_passed``), never per read.
-So the modes are observed over Solo5's ring pinned, and the hand-over
-unpinned.
+Over Solo5's ring the IO thread polls idle (hybrid's budget, lingering
+after reads) only when it has a CPU of its own (``--pin=io=``), so the
+modes are observed over Solo5's ring pinned. With
+``--net-ring-kicks=exit``, unpinned, the guest kicks after every
+submission and the vCPU thread serves each kick at its exit
+(``kicks_inline``), and the thread, asleep, is woken only for a kick
+handed to it (``kicks_passed``), never per read: observed too.
 """
 
 from __future__ import annotations
@@ -131,8 +131,8 @@ def intervals(snaps: list[dict]) -> list[tuple[dict, dict]]:
     return list(zip(snaps[:-1], snaps[1:], strict=True))
 
 
-#: The IO thread serves Solo5's ring when it has a CPU of its own; unpinned
-#: the vCPU thread serves every kick (csrc/iothread_solo5.c, io_solo5_kick).
+#: Unpinned, the IO thread serving Solo5's ring never polls idle
+#: (csrc/iothread.h, idle_poll): the policies are observed pinned.
 SERVED_BY_THE_THREAD_WITH = {"shmstream": (), "solo5_ring": ("--pin=io=1",)}
 
 
@@ -188,14 +188,15 @@ def test_hybrid_sleeps_only_after_its_budget_without_work(service, tmp_path):
 
 
 @pytest.mark.parametrize("shm", ["event", "hybrid"])
-def test_unpinned_the_vcpu_thread_serves_solo5s_ring_and_the_thread_sleeps(shm, tmp_path):
-    """Unpinned, in event and hybrid mode, the guest kicks Solo5's ring after
-    every submission and the vCPU thread serves the kick at its exit (the
-    guest's commit is there when it resumes). The IO thread, asleep after
+def test_kicks_at_exit_the_vcpu_thread_serves_solo5s_ring_and_the_thread_sleeps(shm, tmp_path):
+    """With --net-ring-kicks=exit, unpinned, in event and hybrid mode, the
+    guest kicks Solo5's ring after every submission and the vCPU thread
+    serves the kick at its exit (the guest's commit is there when it
+    resumes). The IO thread, asleep after
     its first passes, is woken only for a kick handed to it while it held
     the ring, never per read, and never polls idle, whatever hybrid's
     budget."""
-    snaps = mode_run(shm, "solo5_ring", tmp_path)
+    snaps = mode_run(shm, "solo5_ring", tmp_path, "--net-ring-kicks=exit")
     for snap in snaps:
         t = thread(snap)
         ring = snap["solo5_ring"]["ring"]

@@ -30,19 +30,23 @@ SOLO5_COUNTERS = [name for name, _ in ffi.typeof("struct solo5_ring_counters").f
 
 
 class IoConfig(Record):
-    """The IO thread's settings: its mode, hybrid budget and CPU."""
+    """The IO thread's settings: its mode, hybrid budget and CPU, and who
+    serves a kick of Solo5's ring (``thread`` or the vCPU thread at its
+    ``exit``)."""
 
-    __slots__ = ("mode", "hybrid_budget_us", "cpu")
+    __slots__ = ("mode", "hybrid_budget_us", "cpu", "kicks")
 
     def __init__(
         self,
         mode: str = "event",
         hybrid_budget_us: int = DEFAULT_HYBRID_BUDGET_US,
         cpu: int | None = None,
+        kicks: str = "thread",
     ) -> None:
         self.mode = mode
         self.hybrid_budget_us = hybrid_budget_us
         self.cpu = cpu
+        self.kicks = kicks
 
 
 class IoThread:

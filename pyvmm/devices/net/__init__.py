@@ -87,6 +87,18 @@ class NetKind(BaseKind):
             after="--cpl",
         ),
         _plan_option(
+            "net-ring-kicks",
+            "thread|exit",
+            "Solo5's ring in event and hybrid mode: who\n"
+            "serves a kick, the IO thread (woken by KVM) or\n"
+            "the vCPU thread at the kick's exit (more\n"
+            "frames/s unpinned on PVM, slower round trips;\n"
+            "default thread)",
+            parse=transport.net_ring_kicks_value,
+            complete="|".join(transport.NET_RING_KICKS_VALUES),
+            after="--cpl",
+        ),
+        _plan_option(
             "no-net-ring",
             "",
             "do not offer Solo5's ring I/O to Solo5 v0.11+\nunikernels (as solo5-hvt's option)",

@@ -5,8 +5,8 @@ Unmodified ring-capable Solo5 unikernels see ``HVT_FEATURE_RING_IO`` in
 memory (the usable memory shrinks by a 2 MiB area), as under solo5-hvt.
 Their kicks (``outl`` to 0x600) land in a KVM ioeventfd and the IO thread
 answers submissions: writes go to the tap, reads are committed at once.
-When the thread has no CPU of its own (no ``--pin``) a kick exits instead
-and the vCPU thread answers them the same way, at once.
+With ``--net-ring-kicks=exit`` a kick exits instead and the vCPU thread
+answers it the same way, at once.
 ``--no-net-ring`` turns it off. Layout: csrc/solo5_ring.h; docs/abi.md.
 """
 
@@ -44,15 +44,16 @@ class Solo5RingService(IoService):
         vm,
     ) -> None:
         self.gpa = gpa
-        # An IO thread without a CPU of its own: in event and hybrid mode the
-        # guest kicks after every submission and the vCPU thread serves each
-        # kick at its exit, the guest's commit ready when it resumes (waking
-        # the thread for each read cost more under load:
-        # docs/solo5-bindings.md). Poll mode's thread serves the ring as it
-        # spins, and its guest never kicks: with a CPU free that is the
-        # quickest round trip. Pinned, the thread serves the ring, lingers
-        # after reads, and KVM absorbs the rare kick.
-        inline = config.cpu is None
+        # Kicks served at their exit (--net-ring-kicks=exit, event and
+        # hybrid mode): the guest kicks after every submission and the vCPU
+        # thread serves each kick, the guest's commit ready when it resumes;
+        # no wake-up of the thread per read, but each kick is an exit to user
+        # space (docs/solo5-bindings.md, "Who serves a kick"). Otherwise KVM
+        # absorbs the kick and wakes the thread. Poll mode's thread serves
+        # the ring as it spins, and its guest never kicks: unpinned, its rare
+        # kick needs no ioeventfd. Pinned, the thread lingers after reads.
+        at_exit = config.kicks == "exit" and config.mode != "poll"
+        inline = at_exit or (config.cpu is None and config.mode == "poll")
         # No host-to-guest notification: the guest spins for its commits.
         self._open(config, vm, lib.HVT_RING_KICK_PIO, wake=False, doorbell=not inline)
         try:
@@ -62,7 +63,7 @@ class Solo5RingService(IoService):
             self.io.serve_solo5_ring(ring, memory.view, usable)
             for handle, device in nets.items():
                 self.io.attach_solo5(handle, device.fileno(), device.max_frame)
-            if inline and config.mode != "poll":
+            if at_exit:
                 self.io.solo5_kicks_at_exit()
         except BaseException:
             self.close()

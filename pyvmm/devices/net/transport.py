@@ -32,6 +32,13 @@ SHM_VALUES = ("off", "poll", "event", "hybrid")
 # (docs/modes.md, "Batched tap reads"). readv until measured better.
 TAP_READ_VALUES = ("readv", "uring", "auto")
 DEFAULT_TAP_READ = "readv"
+# Who serves a kick of Solo5's ring in event and hybrid mode: the IO thread,
+# which KVM wakes through an ioeventfd, or the vCPU thread at the kick's exit
+# to user space (docs/solo5-bindings.md, "Who serves a kick"). The thread by
+# default: on PVM hosts an exit to user space costs three in-kernel kicks,
+# which doubles a round trip's price for the few frames/s it saves.
+NET_RING_KICKS_VALUES = ("thread", "exit")
+DEFAULT_NET_RING_KICKS = "thread"
 # The hybrid budget is microseconds of polling without work; past a second
 # it is poll mode, and the C side holds it in 32 bits.
 MAX_HYBRID_BUDGET_US = 1_000_000
@@ -46,6 +53,12 @@ def shm_value(name: str, value: str) -> str:
 def tap_read_value(name: str, value: str) -> str:
     if value not in TAP_READ_VALUES:
         raise UsageError(f"{name}: '{value}' is not one of {', '.join(TAP_READ_VALUES)}")
+    return value
+
+
+def net_ring_kicks_value(name: str, value: str) -> str:
+    if value not in NET_RING_KICKS_VALUES:
+        raise UsageError(f"{name}: '{value}' is not one of {', '.join(NET_RING_KICKS_VALUES)}")
     return value
 
 
@@ -67,6 +80,12 @@ def check_options(options: DeviceOptions) -> None:
         and kind_setting(options, "shm") != "hybrid"
     ):
         raise UsageError("--hybrid-budget applies only to --shm=hybrid")
+    if kind_setting(options, "net-ring-kicks") == "exit" and kind_setting(options, "shm") in (
+        "off",
+        "poll",
+    ):
+        # Poll mode's guest never kicks; off has no ring.
+        raise UsageError("--net-ring-kicks=exit applies only to --shm=event or hybrid")
 
 
 class NetPlan:
@@ -144,6 +163,7 @@ def plan_net(config: RunSettings, kernel: Kernel, requests: list[Request], top: 
         mode=shm if shm not in (None, "off") else DEFAULT_SHM_MODE,
         hybrid_budget_us=kind_setting(options, "hybrid-budget") or DEFAULT_HYBRID_BUDGET_US,
         cpu=config.pin_io,
+        kicks=kind_setting(options, "net-ring-kicks") or DEFAULT_NET_RING_KICKS,
     )
     why = ""
     if nets and layout is None and ring_gpa is None:
