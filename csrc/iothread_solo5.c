@@ -167,8 +167,9 @@ static int lingering(const struct solo5_link *s)
  * after a commit (each a sched_yield) share a CPU with a guest that spins
  * for its next commit, and the guest's spin then holds the CPU until its
  * time slice ends, once per read (docs/solo5-bindings.md, "hybrid
- * unpinned").  There hybrid sleeps at once, as event mode does (and the
- * vCPU thread serves the kicks itself: io_solo5_kick); pinned, the
+ * unpinned").  There hybrid sleeps at once, as event mode does (with
+ * --net-ring-kicks=exit the vCPU thread serves the kicks itself:
+ * io_solo5_kick); pinned, the
  * lingering above keeps it awake while reads follow each other.
  */
 static int ring_idle_poll(void *ctx)

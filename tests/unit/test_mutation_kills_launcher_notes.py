@@ -41,13 +41,24 @@ def test_a_whole_head_of_max_head_bytes_is_taken_and_one_byte_more_is_refused() 
     assert err.value.status == 413
 
 
-def test_a_blank_head_sent_in_two_pieces_is_refused_at_once() -> None:
-    """The terminator is found from the first byte on, however it is cut."""
+@pytest.mark.parametrize("cut", [1, 2, 3])
+def test_a_blank_head_sent_in_two_pieces_is_refused_at_once(cut: int) -> None:
+    """The terminator is found from the first byte on, however it is cut
+    (a first piece shorter than the terminator leaves nothing to skip)."""
     reader = RequestReader()
-    assert reader.feed(b"\r\n\r") is None
+    assert reader.feed(b"\r\n\r\n"[:cut]) is None
     with pytest.raises(HttpError) as err:
-        reader.feed(b"\n")
+        reader.feed(b"\r\n\r\n"[cut:])
     assert err.value.status == 400
+
+
+@pytest.mark.parametrize("cut", [1, 2])
+def test_a_request_whose_first_piece_is_a_byte_or_two_is_read(cut: int) -> None:
+    head = b"GET /vms HTTP/1.1\r\nHost: x\r\n\r\n"
+    reader = RequestReader()
+    assert reader.feed(head[:cut]) is None
+    request = reader.feed(head[cut:])
+    assert request is not None and (request.method, request.path) == ("GET", "/vms")
 
 
 @pytest.mark.parametrize("header", ["X-Pad : 1", " X-Pad: 1", ": 1", "X-Pad 1"])
