@@ -237,3 +237,59 @@ def test_a_file_changed_since_it_was_read_is_copied(tmp_path: Path) -> None:
         place(kernel, memory)
         assert mapped_ranges(kernel.path) == []
         assert memory.read(BASE, len(expected)) == expected
+
+
+def test_placing_writes_nothing_onto_the_mapped_pages(tmp_path: Path) -> None:
+    """The segments' bytes are copied around the mapped runs, not over
+    them: the runs stay the page cache's (no anonymous copy-on-write page)."""
+    from testkit import smaps
+
+    kernel, expected = page_aligned_kernel(tmp_path)
+    with GuestMemory(4 * MIB) as memory:
+        place(kernel, memory)
+        assert memory.read(BASE, len(expected)) == expected  # every page resident
+        mine = [m for m in smaps.read(os.getpid()) if m.path == os.path.realpath(kernel.path)]
+        assert mine, "no run of the image was mapped"
+        assert all(m["Rss"] > 0 and m["Anonymous"] == 0 for m in mine), [m.kb for m in mine]
+
+
+def test_a_file_truncated_while_its_bytes_are_copied_is_a_loader_error(tmp_path: Path) -> None:
+    """The segments' bytes a mapping of the file, the file cut to 64 bytes
+    before place() copies them: one line, in a fresh interpreter (the copy
+    meets the SIGBUS under its guard)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    path = _write(tmp_path / "app.hvt", good_elf().build())
+    code = f"""
+        import mmap
+        import os
+        from pyvmm.common.errors import LoaderError
+        from pyvmm.common.record import replace
+        from pyvmm.kvm.memory import GuestMemory
+        from pyvmm.loader import load_kernel, place
+        kernel = load_kernel({str(path)!r}, "x86_64", mapped=False)
+        with open({str(path)!r}, "rb") as f:
+            view = memoryview(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
+        segments = tuple(
+            replace(s, data=view[s.offset : s.offset + s.filesz]) for s in kernel.segments
+        )
+        # No file identity: nothing is mapped, every byte is copied.
+        kernel = replace(kernel, image=replace(kernel.image, segments=segments), file=None)
+        os.truncate({str(path)!r}, 64)
+        with GuestMemory(4 << 20) as memory:
+            try:
+                place(kernel, memory)
+            except LoaderError as err:
+                print(err)
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"{path}: truncated while pyvmm loaded it"

@@ -231,3 +231,211 @@ def test_a_file_past_the_size_limit_is_named_with_its_size_in_mib(tmp_path):
         f.truncate(MAX_FILE_SIZE + 1)  # sparse: no disk used
     with pytest.raises(LoaderError, match=rf"file is {(MAX_FILE_SIZE + 1) // MIB} MiB, too large"):
         _read_file(str(big))
+
+
+def test_net_write_takes_a_frame_of_exactly_the_largest_size(memory):
+    """max_frame bytes are a frame; one more is EINVAL."""
+
+    class _Tap:
+        max_frame = 1514
+        frames: list[bytes] = []
+
+        def write(self, frame) -> None:
+            self.frames.append(bytes(frame))
+
+    tap = _Tap()
+    net = NetHypercalls(memory, {0: tap})
+    for length, ret in ((1514, lib.HVT_RET_OK), (1515, lib.HVT_RET_EINVAL)):
+        arg = memory.struct("struct hvt_hc_net_write", ARG, what="test")
+        arg.handle, arg.data, arg.len, arg.ret = 0, ARG + 0x1000, length, -1
+        net.table()[lib.HVT_HYPERCALL_NET_WRITE](ARG)
+        assert memory.struct("struct hvt_hc_net_write", ARG, what="test").ret == ret, length
+    assert [len(f) for f in tap.frames] == [1514]
+
+
+def test_a_poll_interrupted_by_a_signal_is_no_guest_fault(memory, calls):
+    """A signal ends the wait with EINTR: the run loop looks at it (a stop
+    signal), and the guest's poll answers OK with nothing ready."""
+    import signal
+    import time
+
+    old = signal.signal(signal.SIGALRM, lambda *_: None)
+    try:
+        arg = memory.struct("struct hvt_hc_poll", ARG, what="test")
+        arg.timeout_nsecs, arg.ready_set, arg.ret = 10 * 10**9, 0xFF, -1
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        start = time.monotonic()
+        calls.poll(ARG)
+        assert time.monotonic() - start < 5  # the signal ended it, not the timeout
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    arg = memory.struct("struct hvt_hc_poll", ARG, what="test")
+    assert (arg.ret, arg.ready_set) == (lib.HVT_RET_OK, 0)
+
+
+def test_a_file_of_exactly_the_size_limit_is_not_refused_for_its_size(tmp_path):
+    """The limit is the largest size taken (mapped here, so nothing is read)."""
+    from pyvmm.loader.kernel import MAX_FILE_SIZE, _read_image
+
+    edge = tmp_path / "edge.hvt"
+    with open(edge, "wb") as f:
+        f.truncate(MAX_FILE_SIZE)  # sparse
+    data, _, lease = _read_image(str(edge), mapped=True)
+    try:
+        assert isinstance(data, memoryview) and len(data) == MAX_FILE_SIZE
+    finally:
+        if isinstance(data, memoryview):
+            data.release()
+        if lease is not None:
+            lease.release()
+
+
+def test_guest_memory_holds_an_entry_point_on_a_2_mib_boundary(tmp_path):
+    """The entry's own byte must fit: an entry at 4 MiB needs 6 MiB."""
+    from elfbuild import good_elf
+
+    from pyvmm.loader.kernel import load_kernel
+
+    path = tmp_path / "app.hvt"
+    path.write_bytes(good_elf(entry=4 * MIB).build())
+    kernel = load_kernel(str(path), "x86_64")
+    assert kernel.min_mem_size == 6 * MIB
+    kernel.check_fits(kernel.min_mem_size)
+    with pytest.raises(LoaderError, match="needs at least 6 MiB of guest memory, --mem gives 4"):
+        kernel.check_fits(4 * MIB)
+
+
+def test_a_kind_answering_a_number_past_solo5s_makes_it_a_hypercall_slot(memory):
+    """The table's numbers past Solo5's reach the transport (and leave it
+    with the table's next build)."""
+    from testkit.devkind import registered
+
+    n = lib.HVT_HYPERCALL_PYVMM_TEST
+    stop_fd = os.eventfd(0, os.EFD_CLOEXEC)
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        with registered():  # its kind answers n in every table built meanwhile
+            Hypercalls(memory, Console(null), [], stop_fd)
+            assert lib.pyvmm_hypercall_pio_slot(4, 1, 0x500 + n) == n
+        Hypercalls(memory, Console(null), [], stop_fd)
+        assert lib.pyvmm_hypercall_pio_slot(4, 1, 0x500 + n) == -1
+    finally:
+        lib.pyvmm_hypercall_set_extra(0)
+        os.close(null)
+        os.close(stop_fd)
+
+
+def test_a_poll_with_nothing_ready_waits_its_timeout(memory, calls):
+    """The clamp keeps a timeout a timeout (a negative one would not wait)."""
+    import time
+
+    arg = memory.struct("struct hvt_hc_poll", ARG, what="test")
+    arg.timeout_nsecs, arg.ret = 50_000_000, -1
+    start = time.monotonic()
+    calls.poll(ARG)
+    assert time.monotonic() - start >= 0.05
+    assert memory.struct("struct hvt_hc_poll", ARG, what="test").ret == lib.HVT_RET_OK
+
+
+def test_poll_reports_the_last_handle_from_the_ready_masks_second_word(memory):
+    """64 devices and the stop eventfd: the 64th device's fd is bit 64 of
+    the poll set, in the mask's second word, and handle 63 for the guest."""
+    import socket
+
+    from pyvmm.devices import kinds
+    from pyvmm.devices.net.device import NetDevice
+    from pyvmm.devices.net.tap import TapBackend
+
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(64)]
+    nets: list[NetDevice] = []
+    stop_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        net_kind = next(k for k in kinds() if k.type.name == "NET")
+        nets = [
+            NetDevice(f"n{h}", h, TapBackend(os.dup(guest.fileno()), f"t{h}", 1500), b"\2" * 6)
+            for h, (_, guest) in enumerate(pairs)
+        ]
+        calls = Hypercalls(memory, Console(null), [(net_kind, d) for d in nets], stop_fd)
+        for handle in (63, 62):
+            pairs[handle][0].send(b"x" * 60)
+            arg = memory.struct("struct hvt_hc_poll", ARG, what="test")
+            arg.timeout_nsecs = 0
+            calls.poll(ARG)
+            assert memory.struct("struct hvt_hc_poll", ARG, what="test").ready_set == (
+                1 << 63 | (1 << 62 if handle == 62 else 0)
+            ), handle
+    finally:
+        os.close(null)
+        os.close(stop_fd)
+        for device in nets:
+            device.close()
+        for a, b in pairs:
+            a.close()
+            b.close()
+
+
+def test_elf_notes_may_hold_exactly_the_limit_and_the_refusal_says_it_in_kib():
+    """The limit counts every note's name and descriptor bytes from 0."""
+    import struct
+
+    from elfbuild import NoteSpec, abi_note, devices, good_elf, manifest_desc, manifest_note
+
+    from pyvmm.loader.elf import MAX_NOTE_BYTES
+
+    fixed = [abi_note(), manifest_note(manifest_desc(devices((b"service", 1))))]
+    used = sum(sum(struct.unpack_from("<II", n.encode())) for n in fixed)
+    filler = MAX_NOTE_BYTES - used - len(b"X\0")
+    fits = good_elf(notes=[*fixed, NoteSpec(b"X", 1, bytes(filler))]).build()
+    assert parse_elf(fits, "edge").notes
+    over = good_elf(notes=[*fixed, NoteSpec(b"X", 1, bytes(filler + 1))]).build()
+    with pytest.raises(LoaderError, match=r"ELF notes too large \(more than 1024 KiB\)$"):
+        parse_elf(over, "edge")
+
+
+def test_page_adjacent_segments_of_different_rights_get_no_empty_range_between(tmp_path):
+    from elfbuild import PF_R, PF_W, PF_X, Seg, good_elf
+
+    from pyvmm.loader.kernel import load_kernel, page_protections
+
+    base = 0x100000
+    path = tmp_path / "app.hvt"
+    segments = [Seg(base, b"t" * 0x1000, PF_R | PF_X), Seg(base + 0x1000, b"d" * 0x10, PF_R | PF_W)]
+    path.write_bytes(good_elf(segments=segments).build())
+    ranges = page_protections(load_kernel(str(path), "x86_64"))
+    assert [(r.start, r.length, r.protection.write, r.protection.execute) for r in ranges] == [
+        (base, 0x1000, False, True),
+        (base + 0x1000, 0x1000, True, False),
+    ]
+
+
+def test_a_service_without_a_wake_eventfd_is_not_in_the_poll_set(memory):
+    """Only services that can wake the guest's poll are waited for and
+    looked at (Solo5's ring has none: its guest spins for commits)."""
+    from pyvmm._native import ffi
+
+    class _Quiet:
+        wake_fd = -1
+        owned: frozenset[int] = frozenset()
+        kicks_at_exit = ffi.NULL
+        poll_view = ffi.NULL
+
+        def drain_wake(self) -> None:
+            raise AssertionError("no wake eventfd to drain")
+
+        def ready_set(self) -> int:
+            raise AssertionError("not looked at")
+
+    stop_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        calls = Hypercalls(memory, Console(null), [], stop_fd, [_Quiet()])
+        assert calls.fast_path().n_poll == 1  # the stop eventfd alone
+        arg = memory.struct("struct hvt_hc_poll", ARG, what="test")
+        arg.timeout_nsecs = 0
+        calls.poll(ARG)
+        assert memory.struct("struct hvt_hc_poll", ARG, what="test").ret == lib.HVT_RET_OK
+    finally:
+        os.close(null)
+        os.close(stop_fd)

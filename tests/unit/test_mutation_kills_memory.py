@@ -1,0 +1,188 @@
+"""Edges of the guest-memory accessor's Python side that a whole-file
+mutation run of pyvmm/kvm/memory.py found untested: which access a raw
+pointer asks for, a string at address 0, which page of a file mapping is
+gone (and none when the file is whole), the address a struct field on a
+gone page is named by, a protection without read, a zero-fill's end, an
+empty file mapping, and the message of an mprotect the host refused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pyvmm._native import ffi, lib
+from pyvmm.common.errors import GuestFault, HostError
+from pyvmm.kvm.memory import PAGE_SIZE, GuestMemory, Protection
+
+ROOT = Path(__file__).resolve().parents[2]
+MIB = 1 << 20
+BASE = 0x200000
+
+
+@pytest.fixture
+def memory():
+    with GuestMemory(4 * MIB) as mem:
+        yield mem
+
+
+@pytest.fixture
+def image(tmp_path: Path) -> Path:
+    """Four pages of a file, byte i = i & 0xff."""
+    path = tmp_path / "image.bin"
+    path.write_bytes(bytes(i & 0xFF for i in range(4 * PAGE_SIZE)))
+    return path
+
+
+def test_a_pointer_for_writing_needs_writable_memory_and_one_for_reading_does_not(memory):
+    memory.protect(BASE, PAGE_SIZE, Protection(read=True, write=False, execute=False))
+    with pytest.raises(GuestFault, match="read-only memory"):
+        memory.pointer(BASE, 16, write=True)
+    assert memory.pointer(BASE, 16, write=False) != ffi.NULL
+    assert memory.pointer(BASE + PAGE_SIZE, 16, write=True) != ffi.NULL
+
+
+def test_a_string_at_address_0_is_read(memory):
+    memory.write(0, b"abc\0")
+    assert memory.read_cstring(0, 10) == b"abc"
+
+
+def test_a_whole_file_mapping_has_no_page_gone(memory, image):
+    fd = os.open(image, os.O_RDONLY)
+    try:
+        assert memory.map_file(BASE, 4 * PAGE_SIZE, fd, 0) == 0
+    finally:
+        os.close(fd)
+    assert memory.gone_page() is None
+
+
+@pytest.mark.parametrize(
+    "size, gone", [(PAGE_SIZE, BASE + PAGE_SIZE), (PAGE_SIZE + 1, BASE + 2 * PAGE_SIZE)]
+)
+def test_the_first_page_gone_is_the_first_the_file_no_longer_reaches(memory, image, size, gone):
+    """A file cut to one page and a byte still backs its second page."""
+    fd = os.open(image, os.O_RDONLY)
+    try:
+        assert memory.map_file(BASE, 4 * PAGE_SIZE, fd, 0) == 0
+    finally:
+        os.close(fd)  # the memory keeps its own descriptor to ask the size
+    os.truncate(image, size)  # nothing here touches the pages
+    assert memory.gone_page() == gone
+
+
+def test_an_empty_file_mapping_is_refused(memory, image):
+    fd = os.open(image, os.O_RDONLY)
+    try:
+        with pytest.raises(ValueError, match="whole pages"):
+            memory.map_file(BASE, 0, fd, 0)
+    finally:
+        os.close(fd)
+
+
+def test_a_struct_field_on_a_page_gone_is_named_by_its_own_address(image):
+    """hvt_hc_poll's ready_set (offset 8) on the page past the one kept:
+    reading or writing it is a guest fault at that field's address."""
+    code = f"""
+        import os
+        from pyvmm.common.errors import GuestFault
+        from pyvmm.kvm.memory import GuestMemory
+        memory = GuestMemory(4 << 20)
+        fd = os.open({str(image)!r}, os.O_RDONLY)
+        assert memory.map_file({BASE}, {4 * PAGE_SIZE}, fd, 0) == 0
+        arg = memory.struct("struct hvt_hc_poll", {BASE + PAGE_SIZE - 8}, what="poll hypercall")
+        os.truncate({str(image)!r}, {PAGE_SIZE})
+        assert arg.timeout_nsecs == int.from_bytes(bytes(range(248, 256)), "little")
+        for action in ("read", "write"):
+            try:
+                if action == "read":
+                    arg.ready_set
+                else:
+                    arg.ready_set = 1
+            except GuestFault as e:
+                print(e)
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    where = f"{BASE + PAGE_SIZE:#x}+0x8"
+    assert (
+        done.stdout.splitlines()
+        == [
+            f"guest fault: poll hypercall at {where}: its pages are gone "
+            "(the file they were mapped from was truncated)"
+        ]
+        * 2
+    )
+
+
+def test_a_protection_without_read_asks_for_nothing_it_does_not_name():
+    assert Protection(read=False, write=False, execute=False).native == 0
+    assert Protection(read=False, write=True, execute=False).native == lib.PYVMM_PROT_WRITE
+    assert Protection(read=True, write=False, execute=True).native == (
+        lib.PYVMM_PROT_READ | lib.PYVMM_PROT_EXEC
+    )
+
+
+def test_a_zero_fill_ends_where_it_was_asked_to(memory):
+    pattern = b"\xa5" * (2 * PAGE_SIZE)
+    memory.write(BASE, pattern * 3)
+    memory.zero(BASE + 2 * PAGE_SIZE, 2 * PAGE_SIZE)
+    assert memory.read(BASE, 2 * PAGE_SIZE) == pattern
+    assert memory.read(BASE + 2 * PAGE_SIZE, 2 * PAGE_SIZE) == bytes(2 * PAGE_SIZE)
+    assert memory.read(BASE + 4 * PAGE_SIZE, 2 * PAGE_SIZE) == pattern
+
+
+def test_an_mprotect_the_host_refuses_is_named_by_its_errno():
+    """Under the sandbox, which refuses executable memory, a protection
+    with execute is a HostError naming EPERM's text."""
+    from pyvmm.host import sandbox
+
+    prog = sandbox.bound(vm_fd=0, vcpu_fd=0)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        said = "load-failed"
+        try:
+            memory = GuestMemory(4 * MIB)
+            if lib.pyvmm_sandbox_load(ffi.from_buffer(prog), len(prog)) == 0:
+                said = "no error"
+                try:
+                    memory.protect(BASE, PAGE_SIZE, Protection(read=True, execute=True))
+                except HostError as err:
+                    said = str(err)
+            os.write(write, said.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        said = pipe.read().decode()
+    os.waitpid(pid, 0)
+    assert said == "mprotect of guest memory failed: Operation not permitted"
+
+
+def test_closed_memory_has_no_host_address_and_a_second_close_does_nothing():
+    """Callers read ``host_addr`` (the snapshot writer, the gdb stub): once
+    unmapped it is 0, so a second close unmaps nothing."""
+    memory = GuestMemory(4 * MIB)
+    closed: list[int] = []
+    memory.on_close(lambda: closed.append(1))
+    memory.close()
+    assert memory.host_addr == 0
+    memory.close()
+    assert memory.host_addr == 0 and closed == [1]
+
+
+def test_a_string_starting_with_its_nul_is_empty_and_one_past_the_end_a_fault(memory):
+    memory.write(BASE, b"\0abc")
+    assert memory.read_cstring(BASE, 10) == b""
+    with pytest.raises(GuestFault, match="outside guest memory"):
+        memory.read_cstring(memory.size, 10)

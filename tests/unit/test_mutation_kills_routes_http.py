@@ -1,0 +1,74 @@
+"""Edges of the launcher's request handling that a whole-file mutation run
+of pyvmm/serve/routes.py and pyvmm/serve/http.py found untested: how much
+of a long method or path an error quotes, which methods a 405 offers, each
+status's reason phrase, and JSON nesting checked past a scalar."""
+
+from __future__ import annotations
+
+import pytest
+
+from pyvmm.serve.http import MAX_DEPTH, HttpError, nesting_ok, response
+from pyvmm.serve.routes import route
+
+
+def test_a_404_quotes_the_first_200_characters_of_the_path():
+    path = "/" + "p" * 300
+    with pytest.raises(HttpError) as err:
+        route("GET", path)
+    assert err.value.status == 404
+    assert f"no such resource: {path[:200]}" in str(err.value)
+    assert path[:201] not in str(err.value)
+
+
+def test_a_405_quotes_20_characters_of_the_method_200_of_the_path_and_offers_the_rest():
+    method, path = "M" * 30, "/vms/" + "i" * 300
+    with pytest.raises(HttpError) as err:
+        route(method, path)
+    assert err.value.status == 405
+    text = str(err.value)
+    assert f"{method[:20]} {path[:200]}: use GET or DELETE" in text
+    assert method[:21] not in text and path[:201] not in text
+
+
+@pytest.mark.parametrize(
+    "status, reason",
+    [(400, "Bad Request"), (403, "Forbidden"), (404, "Not Found"), (405, "Method Not Allowed")],
+)
+def test_each_status_has_its_own_reason_phrase(status, reason):
+    assert response(status, {}).startswith(f"HTTP/1.1 {status} {reason}\r\n".encode())
+
+
+def test_nesting_is_checked_past_a_scalar_beside_the_deep_value():
+    deep: list = []
+    for _ in range(MAX_DEPTH + 1):
+        deep = [deep]
+    assert not nesting_ok([deep, 1])
+    assert not nesting_ok({"a": deep, "b": "x"})
+    assert nesting_ok([[1], 2, "three"])
+
+
+def test_a_blank_head_in_one_piece_is_refused_at_once():
+    from pyvmm.serve.http import RequestReader
+
+    with pytest.raises(HttpError) as err:
+        RequestReader().feed(b"\r\n\r\n")
+    assert err.value.status == 400
+
+
+@pytest.mark.parametrize("where", ["line", "header"])
+def test_a_control_character_in_the_head_is_refused_and_quoted(where):
+    from pyvmm.serve.http import RequestReader
+
+    line, header = "GET /vms HTTP/1.1", "X-Pad: 1"
+    if where == "line":
+        line = "GET /vms\x01 HTTP/1.1"
+    else:
+        header = "X-Pad: \x01" + "p" * 100
+    bad = line if where == "line" else header
+    with pytest.raises(HttpError) as err:
+        RequestReader().feed(f"{line}\r\nHost: x\r\n{header}\r\n\r\n".encode())
+    assert err.value.status == 400
+    assert str(err.value).endswith(f"a control character in the request head: {bad[:80]!r}")
+    # A tab is a header value's space, not a control character.
+    ok = RequestReader().feed(b"GET /vms HTTP/1.1\r\nHost:\tx\r\n\r\n")
+    assert ok is not None
