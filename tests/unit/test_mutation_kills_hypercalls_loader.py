@@ -439,3 +439,54 @@ def test_a_service_without_a_wake_eventfd_is_not_in_the_poll_set(memory):
     finally:
         os.close(null)
         os.close(stop_fd)
+
+
+def test_each_segment_flag_is_its_own_bit():
+    """Execute-only and write-only segments are not readable (p_flags' bits
+    are PF_X 1, PF_W 2, PF_R 4)."""
+    from elfbuild import PF_W, PF_X, Seg, good_elf
+
+    base = 0x100000
+    image = parse_elf(
+        good_elf(
+            segments=[Seg(base, b"t" * 16, PF_X), Seg(base + 0x1000, b"d" * 16, PF_W)]
+        ).build(),
+        "flags",
+    )
+    text, data = image.segments
+    assert (text.readable, text.writable, text.executable) == (False, False, True)
+    assert (data.readable, data.writable, data.executable) == (False, True, False)
+
+
+def test_a_unikernel_without_a_capability_note_declares_nothing():
+    from elfbuild import good_elf
+
+    from pyvmm.loader.notes import read_capabilities
+
+    caps = read_capabilities(parse_elf(good_elf().build(), "plain"))
+    assert (caps.flags, caps.user_mode, caps.shmstream) == (0, False, False)
+
+
+@pytest.mark.parametrize("fillers", range(5))
+def test_the_abi_note_is_read_wherever_its_descriptor_falls_mod_5(fillers):
+    """Notes before it move the ABI descriptor by 24 bytes each: 4-aligned
+    always, and at every offset modulo 5 across these cases."""
+    from elfbuild import NoteSpec, abi_note, devices, good_elf, manifest_desc, manifest_note
+
+    from pyvmm.loader.notes import read_abi
+
+    notes = [NoteSpec(b"XY", 0x77, bytes(8)) for _ in range(fillers)]
+    notes += [abi_note(), manifest_note(manifest_desc(devices((b"service", 1))))]
+    abi = read_abi(parse_elf(good_elf(notes=notes).build(), "shifted"))
+    assert (abi.target, abi.version) == (1, 2)
+
+
+def test_a_note_descriptor_of_only_its_alignment_padding_is_refused():
+    """As Solo5's elf_load_note: nothing past the padding is no descriptor."""
+    from elfbuild import abi_note, good_elf, manifest_note
+
+    from pyvmm.loader.manifest import read_manifest
+
+    elf = good_elf(notes=[abi_note(), manifest_note(b"")])
+    with pytest.raises(LoaderError, match=r"note does not fall within valid size \(Solo5 manifest"):
+        read_manifest(parse_elf(elf.build(), "padded"))
