@@ -490,3 +490,205 @@ def test_a_note_descriptor_of_only_its_alignment_padding_is_refused():
     elf = good_elf(notes=[abi_note(), manifest_note(b"")])
     with pytest.raises(LoaderError, match=r"note does not fall within valid size \(Solo5 manifest"):
         read_manifest(parse_elf(elf.build(), "padded"))
+
+
+class _Service:
+    """An IO service as the poll hypercall sees it: a wake eventfd and the
+    handles with work ready (``sets``: what each look answers, in turn)."""
+
+    owned: frozenset[int] = frozenset()
+
+    def __init__(self, wake_fd: int, sets: list[int]) -> None:
+        from pyvmm._native import ffi
+
+        self.wake_fd, self.sets, self.looks, self.drained = wake_fd, sets, 0, 0
+        self.kicks_at_exit = self.poll_view = ffi.NULL
+
+    def drain_wake(self) -> None:
+        self.drained += 1
+
+    def ready_set(self) -> int:
+        self.looks += 1
+        return self.sets.pop(0) if self.sets else 0
+
+
+def _polled(memory, service, timeout_ns: int) -> tuple[int, float]:
+    import time
+
+    stop_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        calls = Hypercalls(memory, Console(null), [], stop_fd, [service])
+        arg = memory.struct("struct hvt_hc_poll", ARG, what="test")
+        arg.timeout_nsecs, arg.ready_set = timeout_ns, 0
+        start = time.monotonic()
+        calls.poll(ARG)
+        took = time.monotonic() - start
+        arg = memory.struct("struct hvt_hc_poll", ARG, what="test")
+        assert arg.ret == lib.HVT_RET_OK
+        return arg.ready_set, took
+    finally:
+        os.close(null)
+        os.close(stop_fd)
+
+
+def test_a_services_work_ready_before_the_wait_is_answered_at_once(memory):
+    wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+    try:
+        service = _Service(wake, [1 << 3])
+        ready, took = _polled(memory, service, 5 * 10**9)
+        assert ready == 1 << 3 and took < 2.5 and service.drained == 1
+    finally:
+        os.close(wake)
+
+
+def test_a_services_work_found_by_its_wake_up_is_answered(memory):
+    """Nothing ready at the first look; the wake eventfd signalled, the look
+    after the wait finds the work."""
+    wake = os.eventfd(1, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+    try:
+        ready, took = _polled(memory, _Service(wake, [0, 1 << 5]), 5 * 10**9)
+        assert ready == 1 << 5 and took < 2.5
+    finally:
+        os.close(wake)
+
+
+def test_a_service_whose_wake_eventfd_is_fd_0_is_waited_for(memory):
+    """A launcher started with stdin closed hands out fd 0 too."""
+    wake = os.eventfd(1, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+    saved = os.dup(0)
+    try:
+        os.dup2(wake, 0)
+        ready, took = _polled(memory, _Service(0, [0, 1 << 2]), 5 * 10**9)
+        assert ready == 1 << 2 and took < 2.5
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+        os.close(wake)
+
+
+def test_a_failed_wait_is_a_guest_fault_naming_its_errno(memory):
+    """ppoll refuses more fds than RLIMIT_NOFILE allows (EINVAL): in a
+    forked child, whose limit is lowered under a 66-fd poll set."""
+    import resource
+    import socket
+
+    from pyvmm.devices import kinds
+    from pyvmm.devices.net.device import NetDevice
+    from pyvmm.devices.net.tap import TapBackend
+
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(64)]
+    stop_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    nets: list[NetDevice] = []
+    read, write = os.pipe()
+    try:
+        net_kind = next(k for k in kinds() if k.type.name == "NET")
+        nets = [
+            NetDevice(f"n{h}", h, TapBackend(os.dup(g.fileno()), f"t{h}", 1500), b"\2" * 6)
+            for h, (_, g) in enumerate(pairs)
+        ]
+        calls = Hypercalls(memory, Console(null), [(net_kind, d) for d in nets], stop_fd)
+        arg = memory.struct("struct hvt_hc_poll", ARG, what="test")
+        arg.timeout_nsecs = 0
+        pid = os.fork()
+        if pid == 0:
+            said = "no fault"
+            try:
+                resource.setrlimit(
+                    resource.RLIMIT_NOFILE, (16, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+                )
+                calls.poll(ARG)
+            except GuestFault as err:
+                said = str(err)
+            finally:
+                os.write(write, said.encode())
+                os._exit(0)
+        os.close(write)
+        write = -1
+        with os.fdopen(read, "rb") as pipe:
+            read = -1
+            said = pipe.read().decode()
+        os.waitpid(pid, 0)
+    finally:
+        for fd in (read, write, null, stop_fd):
+            if fd >= 0:
+                os.close(fd)
+        for device in nets:
+            device.close()
+        for a, b in pairs:
+            a.close()
+            b.close()
+    assert said == "poll hypercall: wait failed: Invalid argument"
+
+
+def test_an_attached_devices_hypercalls_reach_it_through_its_own_kind(memory):
+    """The table's net_write goes to the net device attached (a device is
+    its own kind's, not another's)."""
+    import socket
+
+    from pyvmm.devices import kinds
+    from pyvmm.devices.net.device import NetDevice
+    from pyvmm.devices.net.tap import TapBackend
+
+    host, guest = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    stop_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    device = NetDevice("n0", 0, TapBackend(os.dup(guest.fileno()), "t0", 1500), b"\2" * 6)
+    try:
+        net_kind = next(k for k in kinds() if k.type.name == "NET")
+        calls = Hypercalls(memory, Console(null), [(net_kind, device)], stop_fd)
+        memory.write(ARG + 0x1000, b"f" * 60)
+        arg = memory.struct("struct hvt_hc_net_write", ARG, what="test")
+        arg.handle, arg.data, arg.len, arg.ret = 0, ARG + 0x1000, 60, -1
+        calls.table[lib.HVT_HYPERCALL_NET_WRITE](ARG)
+        assert memory.struct("struct hvt_hc_net_write", ARG, what="test").ret == lib.HVT_RET_OK
+        assert host.recv(100) == b"f" * 60
+    finally:
+        device.close()
+        os.close(null)
+        os.close(stop_fd)
+        host.close()
+        guest.close()
+
+
+def test_program_header_counts_of_pn_xnum_and_one_less_are_refused_each_in_its_words():
+    from elfbuild import good_elf
+
+    with pytest.raises(LoaderError, match=r"too many program headers \(PN_XNUM is not supported\)"):
+        parse_elf(good_elf(phnum=0xFFFF).build(), "x")
+    with pytest.raises(LoaderError) as err:
+        parse_elf(good_elf(phnum=0xFFFE).build(), "x")
+    assert "PN_XNUM" not in str(err.value)
+
+
+def test_a_core_dumps_header_says_et_core_and_its_memory_rwx():
+    import struct
+
+    from pyvmm.loader.elf import EHDR, PHDR, PT_LOAD
+    from pyvmm.vm.debug.core import headers
+
+    data = headers(0x1000, b"")
+    assert struct.unpack_from("<H", data, 16) == (4,)  # e_type ET_CORE, ELF's value
+    loads = [
+        PHDR.unpack_from(data, EHDR.size + i * PHDR.size)
+        for i in range(2)
+        if PHDR.unpack_from(data, EHDR.size + i * PHDR.size)[0] == PT_LOAD
+    ]
+    assert [p[1] for p in loads] == [7]  # PF_R | PF_W | PF_X
+
+
+@pytest.mark.parametrize("fillers", range(5))
+def test_the_capability_note_is_read_wherever_its_descriptor_falls_mod_5(fillers):
+    import struct
+
+    from elfbuild import NoteSpec, abi_note, devices, good_elf, manifest_desc, manifest_note
+
+    from pyvmm.loader.notes import read_capabilities
+
+    notes = [abi_note(), manifest_note(manifest_desc(devices((b"service", 1))))]
+    notes += [NoteSpec(b"XY", 0x77, bytes(8)) for _ in range(fillers)]
+    flags = lib.PYVMM_CAP_USER_MODE | lib.PYVMM_CAP_SHMSTREAM
+    notes.append(NoteSpec(b"pyvmm", lib.PYVMM_NOTE_CAPS, struct.pack("<II", 1, flags)))
+    caps = read_capabilities(parse_elf(good_elf(notes=notes).build(), "shifted"))
+    assert (caps.user_mode, caps.shmstream) == (True, True)

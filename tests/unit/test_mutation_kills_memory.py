@@ -186,3 +186,62 @@ def test_a_string_starting_with_its_nul_is_empty_and_one_past_the_end_a_fault(me
     assert memory.read_cstring(BASE, 10) == b""
     with pytest.raises(GuestFault, match="outside guest memory"):
         memory.read_cstring(memory.size, 10)
+
+
+def _resident(memory: GuestMemory, gpa: int, pages: int) -> list[bool]:
+    """Which of the pages at ``gpa`` are in RAM (mincore)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+    vec = ctypes.create_string_buffer(pages)
+    assert libc.mincore(memory.host_addr + gpa, pages * PAGE_SIZE, vec) == 0
+    return [bool(b & 1) for b in vec.raw]
+
+
+def test_a_zero_fill_of_whole_pages_drops_them_and_writes_the_edges(memory):
+    """The whole pages of the range leave RAM (they read as zero), the
+    partial pages at its edges are written."""
+    memory.write(BASE, b"\xa5" * (8 * PAGE_SIZE))
+    memory.zero(BASE + PAGE_SIZE + 8, 6 * PAGE_SIZE - 16)
+    assert _resident(memory, BASE, 8) == [True, True] + [False] * 4 + [True, True]
+    assert memory.read(BASE + PAGE_SIZE, 8) == b"\xa5" * 8
+    assert memory.read(BASE + PAGE_SIZE + 8, 6 * PAGE_SIZE - 16) == bytes(6 * PAGE_SIZE - 16)
+    assert memory.read(BASE + 7 * PAGE_SIZE - 8, 8) == b"\xa5" * 8
+
+
+def test_a_zero_fill_the_host_refuses_is_named_by_its_errno(memory):
+    """madvise(MADV_DONTNEED) refuses locked pages (EINVAL)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mlock.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    libc.munlock.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    addr = memory.host_addr + BASE
+    assert libc.mlock(addr, 4 * PAGE_SIZE) == 0, os.strerror(ctypes.get_errno())
+    try:
+        with pytest.raises(HostError, match=r"^madvise of guest memory failed: Invalid argument$"):
+            memory.zero(BASE, 4 * PAGE_SIZE)
+    finally:
+        libc.munlock(addr, 4 * PAGE_SIZE)
+
+
+def test_a_string_limit_of_zero_or_less_reads_nothing(memory):
+    memory.write(BASE, b"abc\0")
+    assert memory.read_cstring(BASE, 0) == b""
+    assert memory.read_cstring(BASE, -5) == b""
+
+
+def test_a_negative_length_is_outside_guest_memory(memory):
+    with pytest.raises(GuestFault, match="outside guest memory"):
+        memory.check(BASE, -1)
+
+
+def test_a_file_mapping_of_part_of_a_page_is_refused(memory, image):
+    fd = os.open(image, os.O_RDONLY)
+    try:
+        for gpa, length, offset in ((BASE, 100, 0), (BASE + 8, PAGE_SIZE, 0), (BASE, PAGE_SIZE, 8)):
+            with pytest.raises(ValueError, match="whole pages"):
+                memory.map_file(gpa, length, fd, offset)
+    finally:
+        os.close(fd)

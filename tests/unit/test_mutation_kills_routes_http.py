@@ -72,3 +72,45 @@ def test_a_control_character_in_the_head_is_refused_and_quoted(where):
     # A tab is a header value's space, not a control character.
     ok = RequestReader().feed(b"GET /vms HTTP/1.1\r\nHost:\tx\r\n\r\n")
     assert ok is not None
+
+
+@pytest.mark.parametrize("status, reason", [(200, "OK"), (201, "Created")])
+def test_success_statuses_have_their_reason_phrases(status, reason):
+    assert response(status, {}).startswith(f"HTTP/1.1 {status} {reason}\r\n".encode())
+
+
+def test_json_too_deep_for_the_parser_itself_is_one_line():
+    from pyvmm.serve.http import parse_json
+
+    with pytest.raises(ValueError, match=rf"^the body nests deeper than {MAX_DEPTH} levels$"):
+        parse_json("[" * 200_000 + "]" * 200_000, "the body")
+
+
+def test_bad_json_and_bad_utf8_are_one_line():
+    from pyvmm.serve.http import parse_json
+
+    for data in (b"{", b"\xff\xfe{}"):
+        with pytest.raises(ValueError, match=r"^bad JSON in the body: "):
+            parse_json(data, "the body")
+
+
+def test_a_head_that_is_not_ascii_is_a_400():
+    from pyvmm.serve.http import RequestReader
+
+    with pytest.raises(HttpError) as err:
+        RequestReader().feed("GET /vms HTTP/1.1\r\nX: \u00e9\r\n\r\n".encode())
+    assert err.value.status == 400 and "not ASCII" in str(err.value)
+
+
+def test_a_response_that_is_not_http_or_not_json_is_named_in_80_characters():
+    from pyvmm.serve.http import parse_response
+
+    line = "X" * 100
+    with pytest.raises(ValueError) as err:
+        parse_response(f"{line}\r\n\r\n".encode())
+    assert str(err.value) == f"not an HTTP response: {line[:80]!r}"
+    body = b"<" * 100
+    with pytest.raises(ValueError) as err:
+        parse_response(b"HTTP/1.1 200 OK\r\n\r\n" + body)
+    assert str(err.value) == f"response body is not JSON: {body[:80]!r}"
+    assert parse_response(b"HTTP/1.1 404 Not Found\r\nA: b\r\n\r\n{}") == (404, {})
