@@ -692,3 +692,30 @@ def test_the_capability_note_is_read_wherever_its_descriptor_falls_mod_5(fillers
     notes.append(NoteSpec(b"pyvmm", lib.PYVMM_NOTE_CAPS, struct.pack("<II", 1, flags)))
     caps = read_capabilities(parse_elf(good_elf(notes=notes).build(), "shifted"))
     assert (caps.user_mode, caps.shmstream) == (True, True)
+
+
+def test_two_segments_in_one_page_get_one_range_with_both_rights(tmp_path):
+    from elfbuild import PF_R, PF_W, PF_X, Seg, good_elf
+
+    from pyvmm.loader.kernel import load_kernel, page_protections
+
+    base = 0x100000
+    path = tmp_path / "app.hvt"
+    segments = [Seg(base, b"t" * 0x100, PF_R | PF_X), Seg(base + 0x800, b"d" * 0x10, PF_R | PF_W)]
+    path.write_bytes(good_elf(segments=segments).build())
+    ranges = page_protections(load_kernel(str(path), "x86_64"))
+    assert [(r.start, r.length, r.protection.write, r.protection.execute) for r in ranges] == [
+        (base, 0x1000, True, True)
+    ]
+
+
+def test_an_abi_version_1_image_is_refused_unless_legacy_is_asked_for():
+    from elfbuild import abi_note, devices, good_elf, manifest_desc, manifest_note
+
+    from pyvmm.loader.notes import read_abi
+
+    notes = [abi_note(version=1), manifest_note(manifest_desc(devices((b"service", 1))))]
+    image = parse_elf(good_elf(notes=notes).build(), "old")
+    with pytest.raises(LoaderError, match="unsupported ABI version 1"):
+        read_abi(image)
+    assert read_abi(image, legacy=True).version == 1

@@ -245,3 +245,31 @@ def test_a_file_mapping_of_part_of_a_page_is_refused(memory, image):
                 memory.map_file(gpa, length, fd, offset)
     finally:
         os.close(fd)
+
+
+def test_read_only_ranges_merge_and_stay_apart_as_given(memory):
+    ro = Protection(read=True, write=False, execute=False)
+    for gpa in (BASE, BASE + 4 * PAGE_SIZE, BASE + PAGE_SIZE):
+        memory.protect(gpa, PAGE_SIZE, ro)
+    assert memory.read_only_ranges() == [
+        (BASE, BASE + 2 * PAGE_SIZE),
+        (BASE + 4 * PAGE_SIZE, BASE + 5 * PAGE_SIZE),
+    ]
+    assert memory.is_read_only(BASE + PAGE_SIZE, BASE + 2 * PAGE_SIZE)
+    assert not memory.is_read_only(BASE + 2 * PAGE_SIZE, BASE + 4 * PAGE_SIZE)
+
+
+def test_a_protection_reads_and_writes_unless_told_otherwise():
+    assert (Protection().read, Protection().write, Protection().execute) == (True, True, False)
+    assert Protection(write=False).native == lib.PYVMM_PROT_READ
+
+
+@pytest.mark.parametrize("size", [0, -PAGE_SIZE, PAGE_SIZE + 1])
+def test_guest_memory_of_no_pages_or_part_of_one_is_refused(size):
+    with pytest.raises(ValueError):
+        GuestMemory(size)
+
+
+def test_a_one_byte_string_at_the_last_byte_of_memory_is_read(memory):
+    memory.write(memory.size - 1, b"z")
+    assert memory.read_cstring(memory.size - 1, 1) == b"z"

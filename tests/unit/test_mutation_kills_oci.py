@@ -146,3 +146,34 @@ def test_an_abi_version_1_unikernel_fails_create_not_start(tmp_path):
     helpers.with_abi_version(guest("hello"), kernel, 2)
     with read_bundle(bundle) as unikernel:
         assert unikernel.fd >= 0
+
+
+def test_a_message_quotes_200_characters_of_an_images_string():
+    """The documented length, not whatever SHOWN says."""
+    from pyvmm.oci.bundle import shown
+
+    assert shown("a" * 200) == "a" * 200
+    assert shown("a" * 201) == "a" * 200 + "..."
+
+
+def test_a_relative_mount_source_is_the_bundles_file(tmp_path, monkeypatch):
+    """As the OCI runtime spec says of a relative source: relative to the
+    bundle, whatever the runtime's working directory."""
+    import os
+
+    from test_oci_bundle import make_bundle
+
+    bundle = make_bundle(
+        tmp_path / "b",
+        "blocktest",
+        annotations={"org.pyvmm.unikernel.block.storage": "/data/disk.img"},
+        mounts=[{"destination": "/data/disk.img", "type": "bind", "source": "disk.img"}],
+    )
+    (bundle / "disk.img").write_bytes(bytes(4096))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "disk.img").write_bytes(bytes(8192))  # not this one
+    monkeypatch.chdir(elsewhere)
+    with read_bundle(str(bundle)) as kernel:
+        fd = kernel.blocks["storage"].fd
+        assert os.fstat(fd).st_ino == os.stat(bundle / "disk.img").st_ino
