@@ -719,3 +719,13 @@ def test_an_abi_version_1_image_is_refused_unless_legacy_is_asked_for():
     with pytest.raises(LoaderError, match="unsupported ABI version 1"):
         read_abi(image)
     assert read_abi(image, legacy=True).version == 1
+
+
+@pytest.mark.parametrize(
+    "e_type, name", [(0, "ET_NONE \\(no file type\\)"), (1, "ET_REL \\(an object file\\)")]
+)
+def test_each_elf_type_is_named_in_the_refusal(e_type, name):
+    from elfbuild import good_elf
+
+    with pytest.raises(LoaderError, match=f"ELF type is {name}, need ET_EXEC"):
+        parse_elf(good_elf(e_type=e_type).build(), "typed")

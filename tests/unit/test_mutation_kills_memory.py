@@ -273,3 +273,16 @@ def test_guest_memory_of_no_pages_or_part_of_one_is_refused(size):
 def test_a_one_byte_string_at_the_last_byte_of_memory_is_read(memory):
     memory.write(memory.size - 1, b"z")
     assert memory.read_cstring(memory.size - 1, 1) == b"z"
+
+
+def test_a_string_without_its_nul_is_cut_at_the_limit(memory):
+    memory.write(BASE, b"abcdef")
+    assert memory.read_cstring(BASE, 3) == b"abc"
+
+
+def test_a_store_on_the_guests_behalf_lands_and_a_read_only_page_refuses_it(memory):
+    memory.store(BASE, b"frame")
+    assert memory.read(BASE, 5) == b"frame"
+    memory.protect(BASE, PAGE_SIZE, Protection(read=True, write=False, execute=False))
+    with pytest.raises(GuestFault, match="read-only memory"):
+        memory.store(BASE, b"x")
