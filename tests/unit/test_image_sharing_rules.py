@@ -293,3 +293,31 @@ def test_a_file_truncated_while_its_bytes_are_copied_is_a_loader_error(tmp_path:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"{path}: truncated while pyvmm loaded it"
+
+
+def test_a_segment_of_whole_pages_is_mapped_to_its_last_byte(tmp_path: Path) -> None:
+    """A run that ends exactly where the segment's file bytes end is the
+    segment's own, mapped whole and left the page cache's."""
+    from testkit import smaps
+
+    base = load_kernel(str(_write(tmp_path / "base.hvt", good_elf().build())), "x86_64")
+    blob = bytearray(os.urandom(0x4000))
+    path = _write(tmp_path / "app.hvt", bytes(blob))
+    seg = Segment(BASE, 0x1000, 0x2000, 0x2000, PF_R | PF_X, 0)
+    seg = replace(seg, data=memoryview(blob)[0x1000:0x3000])
+    kernel = replace(
+        base,
+        path=str(path),
+        image=replace(base.image, segments=(seg,), entry=BASE),
+        kernel_end=BASE + 0x2000,
+        file=FileIdentity.of(os.stat(path)),
+    )
+    with GuestMemory(4 * MIB) as memory:
+        place(kernel, memory)
+        assert memory.read(BASE, 0x2000) == bytes(blob[0x1000:0x3000])
+        host = memory.host_addr
+        assert [(lo - host, hi - lo) for lo, hi, _ in mapped_ranges(kernel.path)] == [
+            (BASE, 0x2000)
+        ]
+        mine = [m for m in smaps.read(os.getpid()) if m.path == os.path.realpath(kernel.path)]
+        assert all(m["Anonymous"] == 0 for m in mine), [m.kb for m in mine]

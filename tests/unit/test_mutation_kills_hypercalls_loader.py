@@ -467,20 +467,6 @@ def test_a_unikernel_without_a_capability_note_declares_nothing():
     assert (caps.flags, caps.user_mode, caps.shmstream) == (0, False, False)
 
 
-@pytest.mark.parametrize("fillers", range(5))
-def test_the_abi_note_is_read_wherever_its_descriptor_falls_mod_5(fillers):
-    """Notes before it move the ABI descriptor by 24 bytes each: 4-aligned
-    always, and at every offset modulo 5 across these cases."""
-    from elfbuild import NoteSpec, abi_note, devices, good_elf, manifest_desc, manifest_note
-
-    from pyvmm.loader.notes import read_abi
-
-    notes = [NoteSpec(b"XY", 0x77, bytes(8)) for _ in range(fillers)]
-    notes += [abi_note(), manifest_note(manifest_desc(devices((b"service", 1))))]
-    abi = read_abi(parse_elf(good_elf(notes=notes).build(), "shifted"))
-    assert (abi.target, abi.version) == (1, 2)
-
-
 def test_a_note_descriptor_of_only_its_alignment_padding_is_refused():
     """As Solo5's elf_load_note: nothing past the padding is no descriptor."""
     from elfbuild import abi_note, good_elf, manifest_note
@@ -678,22 +664,6 @@ def test_a_core_dumps_header_says_et_core_and_its_memory_rwx():
     assert [p[1] for p in loads] == [7]  # PF_R | PF_W | PF_X
 
 
-@pytest.mark.parametrize("fillers", range(5))
-def test_the_capability_note_is_read_wherever_its_descriptor_falls_mod_5(fillers):
-    import struct
-
-    from elfbuild import NoteSpec, abi_note, devices, good_elf, manifest_desc, manifest_note
-
-    from pyvmm.loader.notes import read_capabilities
-
-    notes = [abi_note(), manifest_note(manifest_desc(devices((b"service", 1))))]
-    notes += [NoteSpec(b"XY", 0x77, bytes(8)) for _ in range(fillers)]
-    flags = lib.PYVMM_CAP_USER_MODE | lib.PYVMM_CAP_SHMSTREAM
-    notes.append(NoteSpec(b"pyvmm", lib.PYVMM_NOTE_CAPS, struct.pack("<II", 1, flags)))
-    caps = read_capabilities(parse_elf(good_elf(notes=notes).build(), "shifted"))
-    assert (caps.user_mode, caps.shmstream) == (True, True)
-
-
 def test_two_segments_in_one_page_get_one_range_with_both_rights(tmp_path):
     from elfbuild import PF_R, PF_W, PF_X, Seg, good_elf
 
@@ -729,3 +699,51 @@ def test_each_elf_type_is_named_in_the_refusal(e_type, name):
 
     with pytest.raises(LoaderError, match=f"ELF type is {name}, need ET_EXEC"):
         parse_elf(good_elf(e_type=e_type).build(), "typed")
+
+
+@pytest.mark.parametrize("entry, need", [(4 * MIB - 1, 4 * MIB), (4 * MIB, 6 * MIB)])
+def test_the_memory_an_entry_needs_holds_its_byte_and_no_more(tmp_path, entry, need):
+    from elfbuild import good_elf
+
+    from pyvmm.loader.kernel import load_kernel
+
+    path = tmp_path / "app.hvt"
+    path.write_bytes(good_elf(entry=entry).build())
+    assert load_kernel(str(path), "x86_64").min_mem_size == need
+
+
+def test_page_regions_are_start_end_and_rights(tmp_path):
+    """[start, end) ranges, as the page tables take them."""
+    from elfbuild import good_elf
+
+    from pyvmm.loader.kernel import load_kernel, page_regions
+
+    path = tmp_path / "app.hvt"
+    path.write_bytes(good_elf().build())
+    regions = page_regions(load_kernel(str(path), "x86_64"))
+    base = 0x100000
+    assert [(lo, hi, p.write, p.execute) for lo, hi, p in regions] == [
+        (base, base + 0x2000, False, True),
+        (base + 0x2000, base + 0x3000, False, False),
+        (base + 0x3000, base + 0x5000, True, False),
+    ]
+
+
+def test_a_file_read_whole_is_bytes(tmp_path):
+    from elfbuild import good_elf
+
+    from pyvmm.loader.kernel import _read_file
+
+    path = tmp_path / "app.hvt"
+    data = good_elf().build()
+    path.write_bytes(data)
+    path.chmod(0o755)
+    got = _read_file(str(path))
+    assert type(got) is bytes and got == data
+
+
+def test_a_file_of_just_the_elf_magic_is_a_truncated_elf():
+    with pytest.raises(LoaderError, match="truncated ELF"):
+        parse_elf(b"\x7fELF", "magic")
+    with pytest.raises(LoaderError, match="not an ELF file"):
+        parse_elf(b"\x7fEL", "short")

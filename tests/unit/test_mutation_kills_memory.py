@@ -286,3 +286,14 @@ def test_a_store_on_the_guests_behalf_lands_and_a_read_only_page_refuses_it(memo
     memory.protect(BASE, PAGE_SIZE, Protection(read=True, write=False, execute=False))
     with pytest.raises(GuestFault, match="read-only memory"):
         memory.store(BASE, b"x")
+
+
+def test_a_mapping_past_the_files_end_is_gone_from_its_first_page(memory, image):
+    """An offset past what the file keeps: every page of the range is gone."""
+    fd = os.open(image, os.O_RDONLY)
+    try:
+        assert memory.map_file(BASE, 2 * PAGE_SIZE, fd, 2 * PAGE_SIZE) == 0
+    finally:
+        os.close(fd)
+    os.truncate(image, PAGE_SIZE)
+    assert memory.gone_page() == BASE

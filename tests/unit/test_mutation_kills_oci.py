@@ -177,3 +177,40 @@ def test_a_relative_mount_source_is_the_bundles_file(tmp_path, monkeypatch):
     with read_bundle(str(bundle)) as kernel:
         fd = kernel.blocks["storage"].fd
         assert os.fstat(fd).st_ino == os.stat(bundle / "disk.img").st_ino
+
+
+def test_a_closed_bundle_forgets_its_block_descriptors(tmp_path):
+    """Their numbers may be reused once closed: none is kept."""
+    from test_oci_bundle import make_bundle
+
+    host = tmp_path / "disk.img"
+    host.write_bytes(bytes(4096))
+    bundle = make_bundle(
+        tmp_path / "b",
+        "blocktest",
+        annotations={"org.pyvmm.unikernel.block.storage": "/data/disk.img"},
+        mounts=[{"destination": "/data/disk.img", "type": "bind", "source": str(host)}],
+    )
+    with read_bundle(str(bundle)) as kernel:
+        blocks = list(kernel.blocks.values())
+        assert all(b.fd >= 0 for b in blocks)
+    assert kernel.fd == -1 and [b.fd for b in blocks] == [-1]
+
+
+def test_the_refusal_of_an_image_without_a_unikernel_quotes_its_first_argument(tmp_path):
+    import json as _json
+
+    from test_oci_bundle import make_bundle
+
+    from pyvmm.oci.bundle import BundleError
+
+    bundle = make_bundle(tmp_path / "b", "hello")
+    config = _json.loads((bundle / "config.json").read_text())
+    config["process"]["args"] = ["/not/here", "/nor/here"]
+    config.setdefault("annotations", {}).pop("org.pyvmm.unikernel.binary", None)
+    (bundle / "config.json").write_text(_json.dumps(config))
+    for extra in ("pyvmm-oci.json", "unikernel/kernel.hvt"):
+        (bundle / "rootfs" / extra).unlink(missing_ok=True)
+    with pytest.raises(BundleError) as err:
+        read_bundle(str(bundle)).close()
+    assert "process.args[0] '/not/here' is not a file" in str(err.value)

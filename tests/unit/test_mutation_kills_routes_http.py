@@ -132,3 +132,23 @@ def test_a_response_that_is_not_http_or_not_json_is_named_in_80_characters():
         parse_response(b"HTTP/1.1 200 OK\r\n\r\n" + body)
     assert str(err.value) == f"response body is not JSON: {body[:80]!r}"
     assert parse_response(b"HTTP/1.1 404 Not Found\r\nA: b\r\n\r\n{}") == (404, {})
+
+
+def test_a_response_body_lists_its_keys_sorted():
+    assert response(200, {"b": 1, "a": 2}).endswith(b'\r\n\r\n{"a": 2, "b": 1}\n')
+
+
+def test_a_bad_content_length_is_a_400():
+    from pyvmm.serve.http import RequestReader
+
+    with pytest.raises(HttpError) as err:
+        RequestReader().feed(b"POST /vms HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n")
+    assert err.value.status == 400 and "bad Content-Length" in str(err.value)
+
+
+def test_a_bad_status_line_is_quoted_without_the_headers():
+    from pyvmm.serve.http import parse_response
+
+    with pytest.raises(ValueError) as err:
+        parse_response(b"HTTP/1.1 abc OK\r\nA: b\r\n\r\n")
+    assert str(err.value) == "not an HTTP response: 'HTTP/1.1 abc OK'"
