@@ -335,3 +335,17 @@ def test_parse_accepts_exactly_the_valid_and_raises_only_loader_error(honest: bo
         assert seen[True] == total, seen
     else:
         assert seen[False] >= total // 2, seen
+
+
+def test_an_undeclared_device_is_refused_naming_the_declared_ones_or_none() -> None:
+    with pytest.raises(UsageError, match=r"\(app\.hvt declares: service, storage\)$"):
+        manifest_of(manifest_desc(TWO)).check_devices({"extra": DeviceType.NET})
+    with pytest.raises(UsageError, match=r"\(app\.hvt declares: no devices\)$"):
+        manifest_of(manifest_desc(devices())).check_devices({"extra": DeviceType.NET})
+
+
+def test_a_block_capacity_takes_all_64_bits() -> None:
+    assert BlockAttachment((1 << 64) - 1, 512).capacity == (1 << 64) - 1
+    assert BlockAttachment(1 << 63, 512).capacity == 1 << 63
+    with pytest.raises(ValueError):
+        BlockAttachment(1 << 64, 512)

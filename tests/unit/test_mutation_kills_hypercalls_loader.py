@@ -692,7 +692,12 @@ def test_an_abi_version_1_image_is_refused_unless_legacy_is_asked_for():
 
 
 @pytest.mark.parametrize(
-    "e_type, name", [(0, "ET_NONE \\(no file type\\)"), (1, "ET_REL \\(an object file\\)")]
+    "e_type, name",
+    [
+        (0, "ET_NONE \\(no file type\\)"),
+        (1, "ET_REL \\(an object file\\)"),
+        (4, "ET_CORE \\(a core dump\\)"),
+    ],
 )
 def test_each_elf_type_is_named_in_the_refusal(e_type, name):
     from elfbuild import good_elf
