@@ -752,3 +752,72 @@ def test_a_file_of_just_the_elf_magic_is_a_truncated_elf():
         parse_elf(b"\x7fELF", "magic")
     with pytest.raises(LoaderError, match="not an ELF file"):
         parse_elf(b"\x7fEL", "short")
+
+
+def _kernel_with(tmp_path, segments, entry):
+    from elfbuild import good_elf
+
+    from pyvmm.loader.kernel import load_kernel
+
+    path = tmp_path / "app.hvt"
+    path.write_bytes(good_elf(segments=segments, entry=entry).build())
+    return load_kernel(str(path), "x86_64")
+
+
+def test_an_entry_point_at_4_gib_is_outside_guest_memory(tmp_path):
+    from elfbuild import PF_R, PF_X, Seg
+
+    kernel = _kernel_with(tmp_path, [Seg(0x100000, b"t" * 16, PF_R | PF_X)], 4 << 30)
+    with pytest.raises(LoaderError, match=r"entry point 0x100000000 is outside"):
+        kernel.check_fits(4 << 30)
+
+
+def test_a_segment_ending_at_4_gib_fits_4_gib_of_memory(tmp_path):
+    """It ends at the limit, not beyond it: only more --mem would hold it."""
+    from elfbuild import PF_R, PF_X, Seg
+
+    top = (4 << 30) - 0x1000
+    kernel = _kernel_with(tmp_path, [Seg(top, b"t" * 0x1000, PF_R | PF_X)], top)
+    kernel.check_fits(4 << 30)
+    with pytest.raises(LoaderError, match="needs at least 4096 MiB of guest memory"):
+        kernel.check_fits(2 << 20)
+
+
+@pytest.mark.parametrize("end", [1 << 63, 1 << 64])
+def test_a_segment_may_end_anywhere_up_to_the_end_of_the_address_space(end):
+    """Only one that wraps past 2**64 is refused by the parser (the memory
+    check refuses what lies past 4 GiB)."""
+    from elfbuild import PF_R, PF_X, Seg, good_elf
+
+    seg = Seg(end - 0x1000, b"t" * 16, PF_R | PF_X, memsz=0x1000)
+    image = parse_elf(good_elf(segments=[seg], entry=end - 0x1000).build(), "high")
+    assert image.segments[0].end == end
+    wrap = Seg(end - 0x1000, b"t" * 16, PF_R | PF_X, memsz=0x1001)
+    if end == 1 << 64:
+        with pytest.raises(LoaderError, match="wraps around the end of the address space"):
+            parse_elf(good_elf(segments=[wrap], entry=0x100000).build(), "wrap")
+
+
+def test_at_most_256_notes_are_read():
+    from elfbuild import NoteSpec, good_elf
+
+    from pyvmm.loader.elf import MAX_NOTES
+
+    assert MAX_NOTES == 256
+    fits = [NoteSpec(b"X", 1, b"")] * 256
+    assert len(parse_elf(good_elf(notes=fits, notes_in_one_segment=True).build(), "n").notes) == 256
+    with pytest.raises(LoaderError, match="too many ELF notes"):
+        parse_elf(good_elf(notes=[*fits, fits[0]], notes_in_one_segment=True).build(), "n")
+
+
+def test_a_note_with_an_empty_owner_is_skipped_to_the_next_one():
+    """namesz 1 (the NUL alone) pads to 4 bytes: the ABI note after it is
+    found where it is."""
+    from elfbuild import NoteSpec, abi_note, devices, good_elf, manifest_desc, manifest_note
+
+    from pyvmm.loader.notes import read_abi
+
+    notes = [NoteSpec(b"", 5, b"abcd"), abi_note(), manifest_note(manifest_desc(devices()))]
+    image = parse_elf(good_elf(notes=notes, notes_in_one_segment=True).build(), "empty owner")
+    assert image.notes[0].name == b"" and image.notes[0].desc == b"abcd"
+    assert read_abi(image).version == 2

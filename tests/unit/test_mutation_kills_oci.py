@@ -214,3 +214,80 @@ def test_the_refusal_of_an_image_without_a_unikernel_quotes_its_first_argument(t
     with pytest.raises(BundleError) as err:
         read_bundle(str(bundle)).close()
     assert "process.args[0] '/not/here' is not a file" in str(err.value)
+
+
+def test_only_the_first_process_argument_may_name_the_unikernel(tmp_path):
+    """process.args[0], then the default path: a later argument that happens
+    to be a file in the rootfs is the guest's argument, not its kernel."""
+    from test_oci_bundle import make_bundle
+
+    from pyvmm.oci.bundle import BundleError
+
+    bundle = make_bundle(
+        tmp_path / "b", "hello", at="/app/a.hvt", process={"args": ["x", "/app/a.hvt"]}
+    )
+    with pytest.raises(BundleError, match="process.args\\[0\\] 'x' is not a file"):
+        read_bundle(str(bundle)).close()
+
+
+@pytest.mark.parametrize(
+    "mounts",
+    [
+        ["not a mount"],
+        [{"destination": 7}],
+        [{"destination": "/data/disk.img", "type": "bind", "source": "/x", "options": "rw"}],
+        [{"destination": "/data/disk.img", "type": "bind", "source": "/x", "options": ["rw", 7]}],
+    ],
+    ids=[
+        "not an object",
+        "destination not a string",
+        "options not a list",
+        "an option not a string",
+    ],
+)
+def test_block_mounts_that_are_malformed_are_refused_in_one_line(tmp_path, mounts):
+    from test_oci_bundle import make_bundle
+
+    from pyvmm.oci.bundle import BundleError
+
+    bundle = make_bundle(
+        tmp_path / "b",
+        "blocktest",
+        annotations={"org.pyvmm.unikernel.block.storage": "/data/disk.img"},
+        mounts=mounts,
+    )
+    with pytest.raises(BundleError) as err:
+        read_bundle(str(bundle)).close()
+    assert "\n" not in str(err.value)
+    if isinstance(mounts[0], dict) and "options" in mounts[0]:
+        assert "the mount's options are not a list of strings" in str(err.value)
+
+
+def test_a_block_path_missing_from_the_rootfs_is_named(tmp_path):
+    from test_oci_bundle import make_bundle
+
+    from pyvmm.oci.bundle import BundleError
+
+    bundle = make_bundle(
+        tmp_path / "b", "blocktest", annotations={"org.pyvmm.unikernel.block.storage": "/nope.img"}
+    )
+    with pytest.raises(
+        BundleError, match=r"^org\.pyvmm\.unikernel\.block\.storage=/nope\.img: /nope\.img "
+    ):
+        read_bundle(str(bundle)).close()
+
+
+def test_a_unikernel_with_net_devices_and_no_namespace_names_its_first(tmp_path):
+    from elfbuild import NET, abi_note, devices, good_elf, manifest_desc, manifest_note
+    from test_oci_bundle import make_bundle
+
+    from pyvmm.oci.bundle import BundleError
+
+    bundle = make_bundle(tmp_path / "b", None)
+    image = bundle / "rootfs" / "unikernel" / "kernel.hvt"
+    image.parent.mkdir(parents=True)
+    notes = [abi_note(), manifest_note(manifest_desc(devices((b"first", NET), (b"second", NET))))]
+    image.write_bytes(good_elf(notes=notes).build())
+    image.chmod(0o755)
+    with pytest.raises(BundleError, match="declares net device first but the container"):
+        read_bundle(str(bundle)).close()

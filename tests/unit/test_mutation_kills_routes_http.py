@@ -152,3 +152,27 @@ def test_a_bad_status_line_is_quoted_without_the_headers():
     with pytest.raises(ValueError) as err:
         parse_response(b"HTTP/1.1 abc OK\r\nA: b\r\n\r\n")
     assert str(err.value) == "not an HTTP response: 'HTTP/1.1 abc OK'"
+
+
+def test_a_status_line_without_a_reason_phrase_is_a_response():
+    from pyvmm.serve.http import parse_response
+
+    assert parse_response(b"HTTP/1.1 204\r\n\r\n") == (204, None)
+
+
+def test_a_malformed_header_line_is_quoted_in_80_characters():
+    from pyvmm.serve.http import RequestReader
+
+    header = "X" * 100
+    with pytest.raises(HttpError) as err:
+        RequestReader().feed(f"GET /vms HTTP/1.1\r\nHost: x\r\n{header}\r\n\r\n".encode())
+    assert err.value.status == 400
+    assert str(err.value).endswith(f"malformed header line: {header[:80]!r}")
+
+
+def test_a_chunked_body_is_a_501():
+    from pyvmm.serve.http import RequestReader
+
+    with pytest.raises(HttpError) as err:
+        RequestReader().feed(b"POST /vms HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    assert err.value.status == 501 and "chunked request bodies are not supported" in str(err.value)
