@@ -164,7 +164,7 @@ class RequestReader:
                 raise HttpError(413, f"request head longer than {MAX_HEAD} bytes")
             self._head = _parse_head(bytes(self.buffer[:end]))
             del self.buffer[: end + 4]
-            self._length = _content_length(self._head[0], self._head[3])
+            self._length = _content_length(self._head[3])
         if len(self.buffer) < self._length:
             return None
         method, path, query, headers = self._head
@@ -194,7 +194,7 @@ def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]]:
     return method, path, query, headers
 
 
-def _content_length(method: str, headers: dict[str, str]) -> int:
+def _content_length(headers: dict[str, str]) -> int:
     if "transfer-encoding" in headers:
         raise HttpError(501, "chunked request bodies are not supported: send Content-Length")
     text = headers.get("content-length", "0")

@@ -821,3 +821,35 @@ def test_a_note_with_an_empty_owner_is_skipped_to_the_next_one():
     image = parse_elf(good_elf(notes=notes, notes_in_one_segment=True).build(), "empty owner")
     assert image.notes[0].name == b"" and image.notes[0].desc == b"abcd"
     assert read_abi(image).version == 2
+
+
+def test_a_note_that_is_only_its_header_is_read():
+    """namesz 0, descsz 0: 12 bytes, the last of its segment, still a note."""
+    import struct
+
+    from elfbuild import NoteSpec, abi_note, devices, good_elf, manifest_desc, manifest_note
+
+    class _HeaderOnly(NoteSpec):
+        def encode(self) -> bytes:
+            return struct.pack("<III", 0, 0, self.type)
+
+    notes = [abi_note(), manifest_note(manifest_desc(devices())), _HeaderOnly(b"", 9, b"")]
+    image = parse_elf(good_elf(notes=notes, notes_in_one_segment=True).build(), "header only")
+    assert [(n.name, n.type, n.desc) for n in image.notes][-1] == (b"", 9, b"")
+
+
+def test_program_headers_ending_at_the_files_last_byte_are_read():
+    import struct
+
+    from elfbuild import good_elf
+
+    from pyvmm.loader.elf import EHDR, PHDR
+
+    data = bytearray(good_elf().build())
+    phnum = struct.unpack_from("<H", data, 56)[0]
+    table = bytes(data[EHDR.size : EHDR.size + phnum * PHDR.size])
+    struct.pack_into("<Q", data, 32, len(data))  # e_phoff: the copy at the end
+    image = parse_elf(bytes(data) + table, "headers last")
+    assert len(image.segments) == 3
+    with pytest.raises(LoaderError, match="truncated ELF"):
+        parse_elf(bytes(data) + table[:-1], "one byte short")

@@ -176,3 +176,12 @@ def test_a_chunked_body_is_a_501():
     with pytest.raises(HttpError) as err:
         RequestReader().feed(b"POST /vms HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
     assert err.value.status == 501 and "chunked request bodies are not supported" in str(err.value)
+
+
+def test_a_json_number_past_a_double_is_refused_quoting_40_characters():
+    from pyvmm.serve.http import parse_json
+
+    number = "1" + "0" * 45 + "e400"
+    with pytest.raises(ValueError) as err:
+        parse_json(f"[{number}]", "the body")
+    assert str(err.value) == f"bad JSON in the body: {number[:40]} is out of range"
