@@ -853,3 +853,15 @@ def test_program_headers_ending_at_the_files_last_byte_are_read():
     assert len(image.segments) == 3
     with pytest.raises(LoaderError, match="truncated ELF"):
         parse_elf(bytes(data) + table[:-1], "one byte short")
+
+
+def test_a_file_of_just_the_elf_header_reads_past_it_for_its_program_headers():
+    from elfbuild import good_elf
+
+    from pyvmm.loader.elf import EHDR
+
+    with pytest.raises(LoaderError) as err:
+        parse_elf(good_elf().build()[: EHDR.size], "header only")
+    assert "file header is" not in str(err.value) and "program header" in str(err.value)
+    with pytest.raises(LoaderError, match="file header is 63 bytes, need 64"):
+        parse_elf(good_elf().build()[: EHDR.size - 1], "short")

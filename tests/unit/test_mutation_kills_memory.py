@@ -297,3 +297,78 @@ def test_a_mapping_past_the_files_end_is_gone_from_its_first_page(memory, image)
         os.close(fd)
     os.truncate(image, PAGE_SIZE)
     assert memory.gone_page() == BASE
+
+
+def test_memory_the_host_cannot_map_is_named_by_its_size_and_errno():
+    with pytest.raises(HostError) as err:
+        GuestMemory(1 << 48)  # 256 TiB: past a 47-bit user address space
+    assert str(err.value) == (
+        f"cannot map {(1 << 48) // MIB} MiB of guest memory: Cannot allocate memory"
+    )
+
+
+def test_closing_memory_closes_the_file_mappings_descriptors(image):
+    memory = GuestMemory(4 * MIB)
+    fd = os.open(image, os.O_RDONLY)
+    try:
+        before = set(os.listdir("/proc/self/fd"))
+        assert memory.map_file(BASE, PAGE_SIZE, fd, 0) == 0
+        assert len(set(os.listdir("/proc/self/fd")) - before) == 1  # its own dup
+        memory.close()
+        assert set(os.listdir("/proc/self/fd")) <= before
+    finally:
+        os.close(fd)
+        memory.close()
+
+
+def test_a_negative_address_is_outside_guest_memory(memory):
+    with pytest.raises(GuestFault, match="outside guest memory"):
+        memory.check(-1, 1)
+
+
+def test_a_pointer_is_for_writing_unless_told_otherwise(memory):
+    memory.protect(BASE, PAGE_SIZE, Protection(read=True, write=False, execute=False))
+    with pytest.raises(GuestFault, match="read-only memory"):
+        memory.pointer(BASE, 16)
+
+
+def test_a_file_the_kernel_will_not_map_gives_its_errno_and_zero_pages(memory):
+    """A pipe cannot be mapped (ENODEV): the errno, positive, and the range
+    is anonymous memory again."""
+    import errno
+
+    memory.write(BASE, b"\xa5" * PAGE_SIZE)
+    read, write = os.pipe()
+    try:
+        assert memory.map_file(BASE, PAGE_SIZE, read, 0) == errno.ENODEV
+    finally:
+        os.close(read)
+        os.close(write)
+    assert memory.read(BASE, PAGE_SIZE) in (bytes(PAGE_SIZE), b"\xa5" * PAGE_SIZE)
+    memory.write(BASE, b"ok")
+    assert memory.read(BASE, 2) == b"ok"
+
+
+def test_protect_takes_whole_pages_only(memory):
+    ro = Protection(read=True, write=False, execute=False)
+    for gpa, length in ((BASE + 8, PAGE_SIZE), (BASE, PAGE_SIZE + 8)):
+        with pytest.raises(ValueError, match="whole pages"):
+            memory.protect(gpa, length, ro)
+
+
+def test_a_read_only_range_inside_another_keeps_the_outer_ones_end(memory):
+    ro = Protection(read=True, write=False, execute=False)
+    memory.protect(BASE + PAGE_SIZE, PAGE_SIZE, ro)
+    memory.protect(BASE + 4 * PAGE_SIZE, 4 * PAGE_SIZE, ro)
+    memory.protect(BASE + 5 * PAGE_SIZE, PAGE_SIZE, ro)
+    assert memory.read_only_ranges() == [
+        (BASE + PAGE_SIZE, BASE + 2 * PAGE_SIZE),
+        (BASE + 4 * PAGE_SIZE, BASE + 8 * PAGE_SIZE),
+    ]
+
+
+def test_a_struct_has_only_its_fields(memory):
+    arg = memory.struct("struct hvt_hc_poll", BASE, what="test")
+    assert not hasattr(arg, "no_such_field")
+    with pytest.raises(AttributeError):
+        arg.no_such_field = 1

@@ -185,3 +185,12 @@ def test_a_json_number_past_a_double_is_refused_quoting_40_characters():
     with pytest.raises(ValueError) as err:
         parse_json(f"[{number}]", "the body")
     assert str(err.value) == f"bad JSON in the body: {number[:40]} is out of range"
+
+
+def test_a_bad_content_length_is_quoted_in_40_characters():
+    from pyvmm.serve.http import RequestReader
+
+    value = "x" * 60
+    with pytest.raises(HttpError) as err:
+        RequestReader().feed(f"POST /vms HTTP/1.1\r\nContent-Length: {value}\r\n\r\n".encode())
+    assert str(err.value).endswith(f"bad Content-Length: {value[:40]!r}")
