@@ -372,3 +372,25 @@ def test_a_struct_has_only_its_fields(memory):
     assert not hasattr(arg, "no_such_field")
     with pytest.raises(AttributeError):
         arg.no_such_field = 1
+
+
+def test_a_string_near_the_end_of_memory_stops_at_the_end(memory):
+    memory.write(memory.size - 4, b"abc\0")
+    assert memory.read_cstring(memory.size - 4, 100) == b"abc"
+    memory.write(memory.size - 3, b"xyz")  # no NUL before the end
+    assert memory.read_cstring(memory.size - 3, 100) == b"xyz"
+
+
+def test_a_string_at_a_negative_address_is_a_one_byte_fault(memory):
+    with pytest.raises(GuestFault, match=r"-0x1\+0x1 is outside guest memory"):
+        memory.read_cstring(-1, 10)
+
+
+def test_adjacent_read_only_ranges_after_another_merge_into_the_last(memory):
+    ro = Protection(read=True, write=False, execute=False)
+    for gpa in (BASE + PAGE_SIZE, BASE + 4 * PAGE_SIZE, BASE + 5 * PAGE_SIZE):
+        memory.protect(gpa, PAGE_SIZE, ro)
+    assert memory.read_only_ranges() == [
+        (BASE + PAGE_SIZE, BASE + 2 * PAGE_SIZE),
+        (BASE + 4 * PAGE_SIZE, BASE + 6 * PAGE_SIZE),
+    ]

@@ -291,3 +291,21 @@ def test_a_unikernel_with_net_devices_and_no_namespace_names_its_first(tmp_path)
     image.chmod(0o755)
     with pytest.raises(BundleError, match="declares net device first but the container"):
         read_bundle(str(bundle)).close()
+
+
+def test_a_mount_source_that_cannot_be_opened_for_writing_is_named(tmp_path):
+    """A read-only sysfs attribute is a regular file that even root cannot
+    open read-write: one line naming it and why."""
+    from test_oci_bundle import make_bundle
+
+    from pyvmm.oci.bundle import BundleError
+
+    source = "/sys/kernel/uevent_seqnum"
+    bundle = make_bundle(
+        tmp_path / "b",
+        "blocktest",
+        annotations={"org.pyvmm.unikernel.block.storage": "/data/disk.img"},
+        mounts=[{"destination": "/data/disk.img", "type": "bind", "source": source}],
+    )
+    with pytest.raises(BundleError, match=f"cannot open {source}: Permission denied$"):
+        read_bundle(str(bundle)).close()
