@@ -28,7 +28,7 @@ import sys
 from pyvmm import __version__
 from pyvmm.common import stopping, trace
 from pyvmm.common.errors import OutputError, PyvmmError, UsageError
-from pyvmm.common.values import is_decimal
+from pyvmm.common.values import is_decimal, one_of
 from pyvmm.vm.config import DEFAULT_MEM_MIB, VmConfig
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (docs/startup.md)
@@ -167,15 +167,6 @@ def _gdb_socket(cmd: Command, name: str, value: str | None) -> None:
     cmd.config.gdb_socket = value
 
 
-def _choice(values: tuple[str, ...]) -> Callable[[str, str], str]:
-    def check(name: str, value: str) -> str:
-        if value not in values:
-            raise UsageError(f"{name}: '{value}' is not one of {', '.join(values)}")
-        return value
-
-    return check
-
-
 def _text(name: str, value: str) -> str:
     return value
 
@@ -184,7 +175,7 @@ def _choice_option(name: str, help: str, attr: str, values: tuple[str, ...]) -> 
     """An option whose value is one of ``values``: what --help shows,
     what is checked and what the shell completes, from the one tuple."""
     shown = "|".join(values)
-    return CliOption((name,), shown, help, _set(attr, _choice(values)), complete=shown)
+    return CliOption((name,), shown, help, _set(attr, one_of(values)), complete=shown)
 
 
 def _mem(name: str, value: str) -> int:
@@ -236,7 +227,7 @@ def _trace(cmd: Command, name: str, value: str | None) -> None:
 
 def _level(level: str):
     def apply(cmd: Command, name: str, value: str | None) -> None:
-        cmd.log_level = level if value is None else _choice(LOG_LEVELS)(name, value)
+        cmd.log_level = level if value is None else one_of(LOG_LEVELS)(name, value)
 
     return apply
 

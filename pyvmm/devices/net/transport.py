@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from pyvmm._native import lib
 from pyvmm.common.errors import UsageError
 from pyvmm.common.sizes import MIB
-from pyvmm.common.values import positive_int
+from pyvmm.common.values import one_of, positive_int
 from pyvmm.devices import DeviceOptions, RunSettings, kind_setting
 from pyvmm.devices.iothread import DEFAULT_HYBRID_BUDGET_US, IoConfig
 from pyvmm.devices.net.shmstream import ShmLayout
@@ -44,22 +44,9 @@ DEFAULT_NET_RING_KICKS = "thread"
 MAX_HYBRID_BUDGET_US = 1_000_000
 
 
-def shm_value(name: str, value: str) -> str:
-    if value not in SHM_VALUES:
-        raise UsageError(f"{name}: '{value}' is not one of {', '.join(SHM_VALUES)}")
-    return value
-
-
-def tap_read_value(name: str, value: str) -> str:
-    if value not in TAP_READ_VALUES:
-        raise UsageError(f"{name}: '{value}' is not one of {', '.join(TAP_READ_VALUES)}")
-    return value
-
-
-def net_ring_kicks_value(name: str, value: str) -> str:
-    if value not in NET_RING_KICKS_VALUES:
-        raise UsageError(f"{name}: '{value}' is not one of {', '.join(NET_RING_KICKS_VALUES)}")
-    return value
+shm_value = one_of(SHM_VALUES)
+tap_read_value = one_of(TAP_READ_VALUES)
+net_ring_kicks_value = one_of(NET_RING_KICKS_VALUES)
 
 
 def shm_slots(name: str, value: str) -> int:
