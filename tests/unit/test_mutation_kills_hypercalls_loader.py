@@ -6,6 +6,7 @@ only its identification bytes, the largest MTU the manifest holds."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -38,6 +39,35 @@ def calls(memory):
     finally:
         os.close(null)
         os.close(stop_fd)
+
+
+@contextlib.contextmanager
+def _net_calls(memory, handles):
+    """Hypercalls with a net device per handle, each tap a socketpair's
+    end: yields them and the host's end of each, by handle."""
+    import socket
+
+    from pyvmm.devices import kinds
+    from pyvmm.devices.net.device import NetDevice
+    from pyvmm.devices.net.tap import TapBackend
+
+    with contextlib.ExitStack() as stack:
+        net_kind = next(k for k in kinds() if k.type.name == "NET")
+        hosts, devices = {}, []
+        for h in handles:
+            host, guest = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            stack.callback(host.close)
+            stack.callback(guest.close)
+            guest.setblocking(False)  # as a tap's descriptor is
+            tap = TapBackend(os.dup(guest.fileno()), f"t{h}", 1500)
+            device = NetDevice(f"n{h}", h, tap, b"\2" * 6)
+            stack.callback(device.close)
+            hosts[h], devices = host, [*devices, device]
+        stop_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        stack.callback(os.close, stop_fd)
+        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        stack.callback(os.close, null)
+        yield Hypercalls(memory, Console(null), [(net_kind, d) for d in devices], stop_fd), hosts
 
 
 def test_a_poll_that_times_out_with_nothing_ready_answers_ok_and_no_fault(memory, calls):
@@ -125,38 +155,15 @@ def test_net_read_into_read_only_memory_is_a_guest_fault(memory):
 
 
 def test_poll_reports_a_ready_tap_by_its_handle(memory):
-    import socket
-
-    from pyvmm.devices import kinds
-    from pyvmm.devices.net.device import NetDevice
-    from pyvmm.devices.net.tap import TapBackend
-
-    host_end, guest_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    stop_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        guest_end.setblocking(False)
-        nets = [
-            NetDevice(
-                f"net{h}", h, TapBackend(os.dup(guest_end.fileno()), f"t{h}", 1500), b"\2" * 6
-            )
-            for h in (1,)
-        ]
-        net_kind = next(k for k in kinds() if k.type.name == "NET")
-        calls = Hypercalls(memory, Console(null), [(net_kind, n) for n in nets], stop_fd)
+    with _net_calls(memory, [1]) as (calls, hosts):
         arg = memory.struct("struct hvt_hc_poll", ARG, what="test")
         arg.timeout_nsecs = 0
         calls.poll(ARG)
         assert memory.struct("struct hvt_hc_poll", ARG, what="test").ready_set == 0
-        host_end.send(b"x" * 60)  # a frame waits: the tap's fd is readable
+        hosts[1].send(b"x" * 60)  # a frame waits: the tap's fd is readable
         calls.poll(ARG)
         arg = memory.struct("struct hvt_hc_poll", ARG, what="test")
         assert (arg.ret, arg.ready_set) == (lib.HVT_RET_OK, 1 << 1)
-    finally:
-        os.close(null)
-        os.close(stop_fd)
-        host_end.close()
-        guest_end.close()
 
 
 def test_validated_manifest_records_cannot_be_changed_afterwards():
@@ -341,39 +348,15 @@ def test_a_poll_with_nothing_ready_waits_its_timeout(memory, calls):
 def test_poll_reports_the_last_handle_from_the_ready_masks_second_word(memory):
     """64 devices and the stop eventfd: the 64th device's fd is bit 64 of
     the poll set, in the mask's second word, and handle 63 for the guest."""
-    import socket
-
-    from pyvmm.devices import kinds
-    from pyvmm.devices.net.device import NetDevice
-    from pyvmm.devices.net.tap import TapBackend
-
-    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(64)]
-    nets: list[NetDevice] = []
-    stop_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        net_kind = next(k for k in kinds() if k.type.name == "NET")
-        nets = [
-            NetDevice(f"n{h}", h, TapBackend(os.dup(guest.fileno()), f"t{h}", 1500), b"\2" * 6)
-            for h, (_, guest) in enumerate(pairs)
-        ]
-        calls = Hypercalls(memory, Console(null), [(net_kind, d) for d in nets], stop_fd)
+    with _net_calls(memory, range(64)) as (calls, hosts):
         for handle in (63, 62):
-            pairs[handle][0].send(b"x" * 60)
+            hosts[handle].send(b"x" * 60)
             arg = memory.struct("struct hvt_hc_poll", ARG, what="test")
             arg.timeout_nsecs = 0
             calls.poll(ARG)
             assert memory.struct("struct hvt_hc_poll", ARG, what="test").ready_set == (
                 1 << 63 | (1 << 62 if handle == 62 else 0)
             ), handle
-    finally:
-        os.close(null)
-        os.close(stop_fd)
-        for device in nets:
-            device.close()
-        for a, b in pairs:
-            a.close()
-            b.close()
 
 
 def test_elf_notes_may_hold_exactly_the_limit_and_the_refusal_says_it_in_kib():
@@ -555,35 +538,19 @@ def test_a_service_whose_wake_eventfd_is_fd_0_is_waited_for(memory):
 
 def test_a_failed_wait_is_a_guest_fault_naming_its_errno(memory):
     """ppoll refuses more fds than RLIMIT_NOFILE allows (EINVAL): in a
-    forked child, whose limit is lowered under a 66-fd poll set."""
+    forked child, whose limit is lowered under a 65-fd poll set."""
     import resource
-    import socket
 
-    from pyvmm.devices import kinds
-    from pyvmm.devices.net.device import NetDevice
-    from pyvmm.devices.net.tap import TapBackend
-
-    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(64)]
-    stop_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-    nets: list[NetDevice] = []
-    read, write = os.pipe()
-    try:
-        net_kind = next(k for k in kinds() if k.type.name == "NET")
-        nets = [
-            NetDevice(f"n{h}", h, TapBackend(os.dup(g.fileno()), f"t{h}", 1500), b"\2" * 6)
-            for h, (_, g) in enumerate(pairs)
-        ]
-        calls = Hypercalls(memory, Console(null), [(net_kind, d) for d in nets], stop_fd)
+    with _net_calls(memory, range(64)) as (calls, _):
         arg = memory.struct("struct hvt_hc_poll", ARG, what="test")
         arg.timeout_nsecs = 0
+        read, write = os.pipe()
         pid = os.fork()
         if pid == 0:
             said = "no fault"
             try:
-                resource.setrlimit(
-                    resource.RLIMIT_NOFILE, (16, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
-                )
+                hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+                resource.setrlimit(resource.RLIMIT_NOFILE, (16, hard))
                 calls.poll(ARG)
             except GuestFault as err:
                 said = str(err)
@@ -591,51 +558,22 @@ def test_a_failed_wait_is_a_guest_fault_naming_its_errno(memory):
                 os.write(write, said.encode())
                 os._exit(0)
         os.close(write)
-        write = -1
         with os.fdopen(read, "rb") as pipe:
-            read = -1
             said = pipe.read().decode()
         os.waitpid(pid, 0)
-    finally:
-        for fd in (read, write, null, stop_fd):
-            if fd >= 0:
-                os.close(fd)
-        for device in nets:
-            device.close()
-        for a, b in pairs:
-            a.close()
-            b.close()
     assert said == "poll hypercall: wait failed: Invalid argument"
 
 
 def test_an_attached_devices_hypercalls_reach_it_through_its_own_kind(memory):
     """The table's net_write goes to the net device attached (a device is
     its own kind's, not another's)."""
-    import socket
-
-    from pyvmm.devices import kinds
-    from pyvmm.devices.net.device import NetDevice
-    from pyvmm.devices.net.tap import TapBackend
-
-    host, guest = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    stop_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-    device = NetDevice("n0", 0, TapBackend(os.dup(guest.fileno()), "t0", 1500), b"\2" * 6)
-    try:
-        net_kind = next(k for k in kinds() if k.type.name == "NET")
-        calls = Hypercalls(memory, Console(null), [(net_kind, device)], stop_fd)
+    with _net_calls(memory, [0]) as (calls, hosts):
         memory.write(ARG + 0x1000, b"f" * 60)
         arg = memory.struct("struct hvt_hc_net_write", ARG, what="test")
         arg.handle, arg.data, arg.len, arg.ret = 0, ARG + 0x1000, 60, -1
         calls.table[lib.HVT_HYPERCALL_NET_WRITE](ARG)
         assert memory.struct("struct hvt_hc_net_write", ARG, what="test").ret == lib.HVT_RET_OK
-        assert host.recv(100) == b"f" * 60
-    finally:
-        device.close()
-        os.close(null)
-        os.close(stop_fd)
-        host.close()
-        guest.close()
+        assert hosts[0].recv(100) == b"f" * 60
 
 
 def test_program_header_counts_of_pn_xnum_and_one_less_are_refused_each_in_its_words():
