@@ -15,7 +15,7 @@ import shutil
 import pytest
 
 from conftest import guest
-from pyvmm.oci.bundle import read_bundle
+from pyvmm.oci.bundle import BundleError, read_bundle
 
 
 def _bundle(tmp_path, namespaces):
@@ -30,6 +30,27 @@ def _bundle(tmp_path, namespaces):
     }
     (tmp_path / "config.json").write_text(json.dumps(spec))
     return str(tmp_path)
+
+
+#: Where the disk bundles' unikernel (blocktest) finds its block device.
+DISK = "/data/disk.img"
+
+
+def _bind(source, **more) -> dict:
+    """A bind mount of ``source`` at DISK."""
+    return {"destination": DISK, "type": "bind", "source": source, **more}
+
+
+def _disk_bundle(tmp_path, mounts=(), disk=DISK):
+    """blocktest's bundle, its block device "storage" at ``disk``."""
+    from test_oci_bundle import make_bundle
+
+    return make_bundle(
+        tmp_path / "b",
+        "blocktest",
+        annotations={"org.pyvmm.unikernel.block.storage": disk},
+        mounts=list(mounts),
+    )
 
 
 @pytest.mark.parametrize(
@@ -65,18 +86,9 @@ def test_a_fifo_as_a_disk_is_refused_without_waiting_for_a_writer(tmp_path):
     import os
     import signal
 
-    from test_oci_bundle import make_bundle
-
-    from pyvmm.oci.bundle import BundleError
-
     fifo = tmp_path / "disk.fifo"
     os.mkfifo(fifo)
-    bundle = make_bundle(
-        tmp_path / "b",
-        "blocktest",
-        annotations={"org.pyvmm.unikernel.block.storage": "/data/disk.img"},
-        mounts=[{"destination": "/data/disk.img", "type": "bind", "source": str(fifo)}],
-    )
+    bundle = _disk_bundle(tmp_path, [_bind(str(fifo))])
 
     def waited(*_):
         raise TimeoutError("the FIFO was opened for reading")
@@ -112,16 +124,7 @@ def test_a_value_with_characters_outside_base64_is_taken_as_written():
 
 
 def test_a_block_mount_with_an_empty_source_is_no_bind_mount_of_a_file(tmp_path):
-    from test_oci_bundle import make_bundle
-
-    from pyvmm.oci.bundle import BundleError
-
-    bundle = make_bundle(
-        tmp_path / "b",
-        "blocktest",
-        annotations={"org.pyvmm.unikernel.block.storage": "/data/disk.img"},
-        mounts=[{"destination": "/data/disk.img", "type": "bind", "source": ""}],
-    )
+    bundle = _disk_bundle(tmp_path, [_bind("")])
     with pytest.raises(BundleError, match="is not a bind mount of a file$"):
         read_bundle(str(bundle))
 
@@ -130,7 +133,6 @@ def test_an_abi_version_1_unikernel_fails_create_not_start(tmp_path):
     """pyvmm-oci starts the VM without --legacy-abi, whose loader refuses
     ABI version 1 (Solo5 0.9 and older): create refuses it first, in one
     line, as it refuses any file that is not a unikernel pyvmm boots."""
-    from pyvmm.oci.bundle import BundleError
     from testkit import helpers
 
     bundle = _bundle(tmp_path, [])
@@ -161,14 +163,7 @@ def test_a_relative_mount_source_is_the_bundles_file(tmp_path, monkeypatch):
     bundle, whatever the runtime's working directory."""
     import os
 
-    from test_oci_bundle import make_bundle
-
-    bundle = make_bundle(
-        tmp_path / "b",
-        "blocktest",
-        annotations={"org.pyvmm.unikernel.block.storage": "/data/disk.img"},
-        mounts=[{"destination": "/data/disk.img", "type": "bind", "source": "disk.img"}],
-    )
+    bundle = _disk_bundle(tmp_path, [_bind("disk.img")])
     (bundle / "disk.img").write_bytes(bytes(4096))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -181,16 +176,10 @@ def test_a_relative_mount_source_is_the_bundles_file(tmp_path, monkeypatch):
 
 def test_a_closed_bundle_forgets_its_block_descriptors(tmp_path):
     """Their numbers may be reused once closed: none is kept."""
-    from test_oci_bundle import make_bundle
 
     host = tmp_path / "disk.img"
     host.write_bytes(bytes(4096))
-    bundle = make_bundle(
-        tmp_path / "b",
-        "blocktest",
-        annotations={"org.pyvmm.unikernel.block.storage": "/data/disk.img"},
-        mounts=[{"destination": "/data/disk.img", "type": "bind", "source": str(host)}],
-    )
+    bundle = _disk_bundle(tmp_path, [_bind(str(host))])
     with read_bundle(str(bundle)) as kernel:
         blocks = list(kernel.blocks.values())
         assert all(b.fd >= 0 for b in blocks)
@@ -201,8 +190,6 @@ def test_the_refusal_of_an_image_without_a_unikernel_quotes_its_first_argument(t
     import json as _json
 
     from test_oci_bundle import make_bundle
-
-    from pyvmm.oci.bundle import BundleError
 
     bundle = make_bundle(tmp_path / "b", "hello")
     config = _json.loads((bundle / "config.json").read_text())
@@ -221,8 +208,6 @@ def test_only_the_first_process_argument_may_name_the_unikernel(tmp_path):
     to be a file in the rootfs is the guest's argument, not its kernel."""
     from test_oci_bundle import make_bundle
 
-    from pyvmm.oci.bundle import BundleError
-
     bundle = make_bundle(
         tmp_path / "b", "hello", at="/app/a.hvt", process={"args": ["x", "/app/a.hvt"]}
     )
@@ -235,8 +220,8 @@ def test_only_the_first_process_argument_may_name_the_unikernel(tmp_path):
     [
         ["not a mount"],
         [{"destination": 7}],
-        [{"destination": "/data/disk.img", "type": "bind", "source": "/x", "options": "rw"}],
-        [{"destination": "/data/disk.img", "type": "bind", "source": "/x", "options": ["rw", 7]}],
+        [_bind("/x", options="rw")],
+        [_bind("/x", options=["rw", 7])],
     ],
     ids=[
         "not an object",
@@ -246,16 +231,7 @@ def test_only_the_first_process_argument_may_name_the_unikernel(tmp_path):
     ],
 )
 def test_block_mounts_that_are_malformed_are_refused_in_one_line(tmp_path, mounts):
-    from test_oci_bundle import make_bundle
-
-    from pyvmm.oci.bundle import BundleError
-
-    bundle = make_bundle(
-        tmp_path / "b",
-        "blocktest",
-        annotations={"org.pyvmm.unikernel.block.storage": "/data/disk.img"},
-        mounts=mounts,
-    )
+    bundle = _disk_bundle(tmp_path, mounts)
     with pytest.raises(BundleError) as err:
         read_bundle(str(bundle)).close()
     assert "\n" not in str(err.value)
@@ -264,13 +240,7 @@ def test_block_mounts_that_are_malformed_are_refused_in_one_line(tmp_path, mount
 
 
 def test_a_block_path_missing_from_the_rootfs_is_named(tmp_path):
-    from test_oci_bundle import make_bundle
-
-    from pyvmm.oci.bundle import BundleError
-
-    bundle = make_bundle(
-        tmp_path / "b", "blocktest", annotations={"org.pyvmm.unikernel.block.storage": "/nope.img"}
-    )
+    bundle = _disk_bundle(tmp_path, disk="/nope.img")
     with pytest.raises(
         BundleError, match=r"^org\.pyvmm\.unikernel\.block\.storage=/nope\.img: /nope\.img "
     ):
@@ -280,8 +250,6 @@ def test_a_block_path_missing_from_the_rootfs_is_named(tmp_path):
 def test_a_unikernel_with_net_devices_and_no_namespace_names_its_first(tmp_path):
     from elfbuild import NET, abi_note, devices, good_elf, manifest_desc, manifest_note
     from test_oci_bundle import make_bundle
-
-    from pyvmm.oci.bundle import BundleError
 
     bundle = make_bundle(tmp_path / "b", None)
     image = bundle / "rootfs" / "unikernel" / "kernel.hvt"
@@ -296,16 +264,8 @@ def test_a_unikernel_with_net_devices_and_no_namespace_names_its_first(tmp_path)
 def test_a_mount_source_that_cannot_be_opened_for_writing_is_named(tmp_path):
     """A read-only sysfs attribute is a regular file that even root cannot
     open read-write: one line naming it and why."""
-    from test_oci_bundle import make_bundle
-
-    from pyvmm.oci.bundle import BundleError
 
     source = "/sys/kernel/uevent_seqnum"
-    bundle = make_bundle(
-        tmp_path / "b",
-        "blocktest",
-        annotations={"org.pyvmm.unikernel.block.storage": "/data/disk.img"},
-        mounts=[{"destination": "/data/disk.img", "type": "bind", "source": source}],
-    )
+    bundle = _disk_bundle(tmp_path, [_bind(source)])
     with pytest.raises(BundleError, match=f"cannot open {source}: Permission denied$"):
         read_bundle(str(bundle)).close()
