@@ -1,12 +1,15 @@
 """What several tests need, written once: frame patterns, the --stats line
 parser, the ping invocation, patching a guest's ABI note, a test's own
-guest built against guests/runtime, and values the command line refuses."""
+guest built against guests/runtime, values the command line refuses, and
+code run in a fresh interpreter."""
 
 from __future__ import annotations
 
 import json
 import struct
 import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -202,3 +205,16 @@ def handles_stop_signals(pid: int) -> bool:
     except (OSError, StopIteration):
         return False
     return bool(int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+
+
+def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``code`` (dedented) in a fresh interpreter from the repository's
+    root, its output captured: for what must not run in the test's own
+    process (a SIGBUS met under a guard, a limit lowered for good)."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        timeout=timeout,
+    )

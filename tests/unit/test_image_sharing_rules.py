@@ -257,9 +257,7 @@ def test_a_file_truncated_while_its_bytes_are_copied_is_a_loader_error(tmp_path:
     """The segments' bytes a mapping of the file, the file cut to 64 bytes
     before place() copies them: one line, in a fresh interpreter (the copy
     meets the SIGBUS under its guard)."""
-    import subprocess
-    import sys
-    import textwrap
+    from testkit import helpers
 
     path = _write(tmp_path / "app.hvt", good_elf().build())
     code = f"""
@@ -284,13 +282,7 @@ def test_a_file_truncated_while_its_bytes_are_copied_is_a_loader_error(tmp_path:
             except LoaderError as err:
                 print(err)
     """
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).resolve().parents[2],
-        timeout=60,
-    )
+    done = helpers.run_python(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"{path}: truncated while pyvmm loaded it"
 

@@ -8,9 +8,6 @@ empty file mapping, and the message of an mprotect the host refused."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -18,8 +15,8 @@ import pytest
 from pyvmm._native import ffi, lib
 from pyvmm.common.errors import GuestFault, HostError
 from pyvmm.kvm.memory import PAGE_SIZE, GuestMemory, Protection
+from testkit import helpers
 
-ROOT = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
 BASE = 0x200000
 
@@ -105,13 +102,7 @@ def test_a_struct_field_on_a_page_gone_is_named_by_its_own_address(image):
             except GuestFault as e:
                 print(e)
     """
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
+    done = helpers.run_python(code)
     assert done.returncode == 0, done.stderr
     where = f"{BASE + PAGE_SIZE:#x}+0x8"
     assert (
