@@ -2,6 +2,9 @@
  * hcbench: what a guest exit costs.
  *
  *   hcbench.hvt [N]        default N = 1000
+ *   hcbench.hvt ringkick   one write to Solo5's ring doorbell, which this
+ *                          guest was given no ring for: the host must stop
+ *                          it ("FAILURE: not stopped" and exit 2 if not)
  *
  * Times, with the TSC-based monotonic clock, N walltime hypercalls (each an
  * exit to the tender's user space and back), then N 4-byte writes of 0 to
@@ -16,24 +19,32 @@
  */
 #include "rt.h"
 #include "pyvmm_abi.h"
+#include "hvt_abi.h"
 
 GUEST_MANIFEST();
 
 #define DEFAULT_N 1000
 #define MAX_N 100000000ULL
 
+static inline void kick(uint16_t port)
+{
+    __asm__ __volatile__("outl %0, %1" : : "a"((uint32_t)0), "d"(port) : "memory");
+}
+
 static inline void null_kick(void)
 {
-    __asm__ __volatile__("outl %0, %1"
-                         :
-                         : "a"((uint32_t)0), "d"((uint16_t)PYVMM_NULL_KICK_PIO)
-                         : "memory");
+    kick(PYVMM_NULL_KICK_PIO);
 }
 
 int solo5_app_main(const struct solo5_start_info *si)
 {
     uint64_t n = DEFAULT_N;
     const char *p = rt_skip_spaces(si->cmdline);
+    if (strcmp(p, "ringkick") == 0) {
+        kick(HVT_RING_KICK_PIO);
+        rt_puts("FAILURE: not stopped\n");
+        return 2;
+    }
     if (*p != '\0') {
         if (!rt_parse_u64(&p, &n) || *rt_skip_spaces(p) != '\0' || n < 1
                 || n > MAX_N) {

@@ -11,6 +11,8 @@ import sys
 import pytest
 
 from conftest import ROOT, guest, run_pyvmm
+from pyvmm._native import lib
+from testkit.helpers import run_python
 
 # Run pyvmm as the launcher does (-I -S, the checkout first on sys.path) and
 # report the modules loaded by the time the process exits.
@@ -101,3 +103,39 @@ def test_the_null_kick_is_absorbed_once_the_guest_first_kicks(cpl):
     hypercalls = sum(record["hypercalls"].values())
     port_writes = record["exits_to_pyvmm"].get("IoOut", 0)
     assert port_writes <= hypercalls + 1, (port_writes, record["hypercalls"])
+
+
+@pytest.mark.kvm
+def test_a_kick_of_a_ring_the_guest_was_not_given_stops_it():
+    """Solo5's ring doorbell in a VM without a ring is an unknown port
+    write: one line and status 1, nothing registered in its place."""
+    result = run_pyvmm(guest("hcbench"), "ringkick")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAILURE" not in result.stdout
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("pyvmm: guest fault: invalid hypercall: 4-byte write to port 0x600 ")
+
+
+@pytest.mark.kvm
+def test_without_ioeventfds_the_null_kick_is_an_unknown_port_write():
+    """A host whose KVM has no ioeventfds gets no null-kick doorbell: the
+    guest's first kick is refused like any unknown port, in one line."""
+    result = run_python(
+        f"""
+        import sys
+        from pyvmm.command.cli import main
+        from pyvmm.kvm.system import System
+        from pyvmm._native import lib
+
+        asked = System.check_extension
+        System.check_extension = lambda self, cap: (
+            0 if cap == lib.KVM_CAP_IOEVENTFD else asked(self, cap))
+        sys.exit(main([{str(guest("hcbench"))!r}, "3"]))
+        """
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "hypercall_ns: " in result.stdout and "kick_ns" not in result.stdout
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(
+        f"pyvmm: guest fault: invalid hypercall: 4-byte write to port {lib.PYVMM_NULL_KICK_PIO:#x} "
+    ), line

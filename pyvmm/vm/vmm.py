@@ -262,7 +262,7 @@ class Vmm:
         at exit for the few that kick. The eventfd is made now, before the
         sandbox, which refuses creating one; the first kick reaches pyvmm
         (``_doorbell``), the others stay in the kernel."""
-        self.null_kick_fd = -1
+        self.null_kick_fd: int | None = None  # None: none to register
         if not self.system.check_extension(lib.KVM_CAP_IOEVENTFD):
             return
         self.null_kick_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
@@ -278,9 +278,9 @@ class Vmm:
             if bell == lib.HVT_RING_KICK_PIO and service.kicks_at_exit != ffi.NULL:
                 service.kick()
                 return True
-        if bell == lib.PYVMM_NULL_KICK_PIO and self.null_kick_fd >= 0:
+        if bell == lib.PYVMM_NULL_KICK_PIO and self.null_kick_fd is not None:
             self.plan.arch.add_doorbell(self.vm, self.null_kick_fd, lib.PYVMM_NULL_KICK_PIO)
-            self.null_kick_fd = -1  # closed by the stack
+            self.null_kick_fd = None  # closed by the stack
             return True
         return False
 
