@@ -90,6 +90,26 @@ def test_the_mmio_transport_is_decoded_the_same_from_python(args, number):
     assert AARCH64.hypercall(Mmio(args[2], args[1], args[0], GPA)) == expected
 
 
+@pytest.mark.parametrize(
+    "args, slot",
+    [
+        ((4, MMIO + 8 * 2), 2),
+        ((4, MMIO), 0),
+        ((4, MMIO + 8 * MAX), MAX),
+        ((4, MMIO + 8 * (MAX + 1)), -1),
+        ((4, MMIO + 8 * 2 + 4), -1),
+        ((4, MMIO + 1), -1),
+        ((8, MMIO + 8 * 2), -1),
+        ((4, MMIO - 8), -1),
+    ],
+)
+def test_the_hypercall_slot_of_an_mmio_store(args, slot):
+    """As for a port: a store to slot 0 has the transport's shape (a guest
+    error the fault line names); a misaligned or unknown one has none."""
+    assert lib.pyvmm_hypercall_mmio_slot(*args) == slot
+    assert lib.pyvmm_hypercall_mmio(True, *args) == max(slot, 0)
+
+
 @pytest.fixture
 def answered_test_number():
     """As while a run's table has the test-only kind's hypercall."""

@@ -11,6 +11,7 @@ import os
 import time
 
 from pyvmm._native import ffi, lib
+from testkit.helpers import run_python
 
 MS = 1_000_000
 EXACT = 10 * MS  # the last wait: 0.5% of it is the 50 us timer slack
@@ -86,3 +87,36 @@ def test_a_ready_fd_ends_the_wait_with_its_bit():
         assert ready[0] == 0b10
     finally:
         os.close(fd)
+
+
+def test_a_wait_just_under_a_second_is_not_taken_for_more():
+    """ppoll's timespec from the nanoseconds: 999,999,999 ns is 0 s and
+    999,999,999 ns, not a second and more (an upper bound half a second
+    past it, far above any scheduling delay; a wrong split adds a second)."""
+    fds = ffi.new("int[]", [-1])
+    ready = ffi.new("uint64_t *")
+    timeout = 10**9 - 1
+    start = time.monotonic_ns()
+    assert lib.pyvmm_wait_readable(fds, 1, timeout, ready) == 0
+    assert timeout <= time.monotonic_ns() - start < timeout + 10**9 // 2
+
+
+def test_only_the_fds_given_are_read():
+    """The set's fds end where the caller's array does: the next word may
+    be unmapped (here, a page that is not)."""
+    result = run_python(
+        """
+        import mmap, ctypes
+        from pyvmm._native import ffi, lib
+        page = mmap.PAGESIZE
+        area = mmap.mmap(-1, 2 * page)
+        base = ctypes.addressof(ctypes.c_char.from_buffer(area))
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.mprotect(ctypes.c_void_p(base + page), page, 0) == 0
+        fds = ffi.cast("int *", base + page - 2 * ffi.sizeof("int"))
+        fds[0] = fds[1] = -1
+        ready = ffi.new("uint64_t[]", lib.PYVMM_WAIT_MASK_WORDS)
+        print(lib.pyvmm_wait_readable(fds, 2, 0, ready), ready[0])
+        """
+    )
+    assert (result.returncode, result.stdout) == (0, "0 0\n"), result.stderr
