@@ -2,6 +2,7 @@
  * that survives a page gone from under it. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <string.h>
@@ -48,7 +49,6 @@ void *pyvmm_guestmem_at(const struct pyvmm_guestmem *m, uint64_t gpa, uint64_t l
 static __thread struct pyvmm_guard *volatile current
     __attribute__((tls_model("initial-exec")));
 static struct sigaction previous;
-static int guard_state;   /* 0: not installed, 1: being installed, 2: installed */
 
 static int inside(const struct pyvmm_guard *g, uintptr_t a)
 {
@@ -72,31 +72,27 @@ static void on_sigbus(int sig, siginfo_t *si, void *context)
         raise(sig);
 }
 
+/* The handler goes in at the first guard, not at load: what it falls back
+ * to (``previous``) is then the handler in place by that time (Python's
+ * faulthandler's, when enabled). Once per process, by libc's pthread_once:
+ * a thread that comes while another installs it waits for that. */
+static pthread_once_t installed = PTHREAD_ONCE_INIT;
+
 static void install(void)
 {
     struct sigaction sa;
-    int expected = 0;
 
-    if (__atomic_load_n(&guard_state, __ATOMIC_ACQUIRE) == 2)
-        return;
-    if (!__atomic_compare_exchange_n(&guard_state, &expected, 1, 0, __ATOMIC_ACQ_REL,
-                                     __ATOMIC_ACQUIRE)) {
-        while (__atomic_load_n(&guard_state, __ATOMIC_ACQUIRE) != 2)
-            ;   /* another thread is installing it: a few microseconds */
-        return;
-    }
     memset(&sa, 0, sizeof(sa));
     sa.sa_sigaction = on_sigbus;
     sa.sa_flags = SA_SIGINFO | SA_NODEFER;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGBUS, &sa, &previous);
-    __atomic_store_n(&guard_state, 2, __ATOMIC_RELEASE);
 }
 
 void pyvmm_guard_enter(struct pyvmm_guard *g, const void *a, uint64_t alen, const void *b,
                        uint64_t blen)
 {
-    install();
+    pthread_once(&installed, install);
     g->lo[0] = (uintptr_t)a;
     g->hi[0] = g->lo[0] + alen;
     g->lo[1] = (uintptr_t)b;

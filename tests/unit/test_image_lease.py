@@ -12,6 +12,7 @@ Cases that could kill the process run in a child, whose end is checked.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import signal
@@ -272,6 +273,49 @@ def test_a_sigbus_outside_a_guarded_copy_still_ends_the_process(image: Path) -> 
     )
     assert result.returncode == -signal.SIGBUS, result.stderr
     assert "survived" not in result.stdout
+
+
+@pytest.mark.parametrize("sent_by", ["kill", "raise"])
+def test_a_sigbus_sent_to_the_process_keeps_its_action(image: Path, sent_by: str) -> None:
+    """A SIGBUS another process sends (si_code SI_USER, 0) or the process
+    raises (SI_TKILL, negative) is no fault of a guarded copy: it ends the
+    process as it would without the guard's handler."""
+    send = (
+        "os.kill(os.getpid(), signal.SIGBUS)"
+        if sent_by == "kill"
+        else "signal.raise_signal(signal.SIGBUS)"
+    )
+    result = in_child(
+        f"""
+        import signal
+        memory.read({BASE}, 16)  # the guard's handler is installed
+        {send}
+        print("survived")
+        """,
+        image,
+    )
+    assert result.returncode == -signal.SIGBUS, result.stdout + result.stderr
+    assert "survived" not in result.stdout
+
+
+@pytest.mark.parametrize("source", [0x100000, BASE + 8 * PAGE_SIZE])
+def test_a_copy_into_a_page_gone_answers_efault_from_below_or_above(
+    image: Path, source: int
+) -> None:
+    """The guard covers the destination as well as the source, wherever
+    one lies from the other (here a source in guest memory below the gone
+    page, then above it)."""
+    result = in_child(
+        f"""
+        gone = ffi.cast("uint8_t *", memory.host_addr + {BASE + PAGE_SIZE})
+        source = ffi.cast("uint8_t *", memory.host_addr + {source})
+        print(lib.pyvmm_copy_guarded(gone, source, 64), lib.pyvmm_guard_in_force())
+        """,
+        image,
+        writable=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(-errno.EFAULT), "0"]
 
 
 def test_a_guarded_copy_answers_efault_and_copies_otherwise() -> None:

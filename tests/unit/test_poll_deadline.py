@@ -120,3 +120,12 @@ def test_only_the_fds_given_are_read():
         """
     )
     assert (result.returncode, result.stdout) == (0, "0 0\n"), result.stderr
+
+
+def test_an_empty_set_is_a_plain_wait():
+    """No fds at all (a guest with no devices polling): the wait, nothing
+    ready, not a refusal."""
+    ready = ffi.new("uint64_t *", 1)
+    assert lib.pyvmm_wait_readable(ffi.NULL, 0, 1000, ready) == 0
+    assert ready[0] == 0
+    assert lib.pyvmm_poll_until(ffi.NULL, 0, 1000, ready) == 0
