@@ -110,6 +110,20 @@ def test_accessor_agrees_with_the_written_rule(gpa, length, access):
         assert (ptr != ffi.NULL) == (model(gpa, length, access) == OK)
 
 
+@pytest.mark.parametrize("ranges", [1, 2, 3])
+def test_every_read_only_range_is_checked_not_only_the_first(ranges):
+    """An image has several (text, rodata, the guest's own protections):
+    a write into the last of them is refused as into the first."""
+    with GuestMemory(SIZE) as mem:
+        starts = [0x200000 + i * 0x10000 for i in range(ranges)]
+        for start in starts:
+            mem.protect(start, 0x1000, Protection(read=True, write=False))
+        for start in starts:
+            for gpa, length in ((start, 1), (start + 0xFFF, 1), (start - 8, 9)):
+                assert lib.pyvmm_guestmem_at(mem.view, gpa, length, ACCESS[WRITE]) == ffi.NULL
+            assert lib.pyvmm_guestmem_at(mem.view, start + 0x1000, 8, ACCESS[WRITE]) != ffi.NULL
+
+
 def test_a_closed_memory_refuses_everything():
     mem = GuestMemory(2 * MIB)
     mem.close()

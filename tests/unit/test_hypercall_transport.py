@@ -94,6 +94,7 @@ def test_the_mmio_transport_is_decoded_the_same_from_python(args, number):
     "args, slot",
     [
         ((4, MMIO + 8 * 2), 2),
+        ((4, MMIO + 8), 1),
         ((4, MMIO), 0),
         ((4, MMIO + 8 * MAX), MAX),
         ((4, MMIO + 8 * (MAX + 1)), -1),

@@ -7,6 +7,7 @@ The arithmetic is checked here, not the machine's timing."""
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 
@@ -129,3 +130,10 @@ def test_an_empty_set_is_a_plain_wait():
     assert lib.pyvmm_wait_readable(ffi.NULL, 0, 1000, ready) == 0
     assert ready[0] == 0
     assert lib.pyvmm_poll_until(ffi.NULL, 0, 1000, ready) == 0
+
+
+def test_a_set_past_the_limit_is_refused_with_nothing_ready():
+    fds = ffi.new("int[]", [-1] * (lib.PYVMM_WAIT_MAX_FDS + 1))
+    ready = ffi.new("uint64_t[]", [2**64 - 1] * lib.PYVMM_WAIT_MASK_WORDS)
+    assert lib.pyvmm_wait_readable(fds, len(fds), 0, ready) == -errno.EINVAL
+    assert ready[0] == 0
