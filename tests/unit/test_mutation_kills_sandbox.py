@@ -214,6 +214,26 @@ def test_the_program_binds_to_pid_1() -> None:
         assert lib.pyvmm_sandbox_bind(buf, len(compiled), pid, 5, 6) == expected, pid
 
 
+@pytest.mark.parametrize("missing", [0, 1, 2])
+def test_a_program_without_one_of_the_placeholders_is_not_bound(missing: int) -> None:
+    """Each of the three (pid, VM fd, vCPU fd) must be there to bind: a
+    program lacking one is not pyvmm_sandbox_build's, and nothing of it is
+    written. Here the compiled program with one placeholder's compares
+    turned to another constant."""
+    import struct
+
+    from pyvmm.host import sandbox
+
+    placeholder = 0x7E5A0001 + missing
+    insns = []
+    for code, jt, jf, k in struct.iter_unpack("<HBBI", sandbox.program(kill=False)):
+        insns.append((code, jt, jf, 12345 if code == 0x15 and k == placeholder else k))
+    lacking = b"".join(struct.pack("<HBBI", *insn) for insn in insns)
+    buf = ffi.new("char[]", lacking)
+    assert lib.pyvmm_sandbox_bind(buf, len(lacking), os.getpid(), 5, 6) == -errno.EINVAL
+    assert ffi.buffer(buf, len(lacking))[:] == lacking
+
+
 def test_the_filter_allows_the_fd_flag_queries_and_plain_mappings() -> None:
     """fcntl's F_GETFD, F_SETFD, F_GETFL and F_SETFL (without O_ASYNC), and
     mmap without PROT_EXEC, pass the loaded filter; mmap with it does not."""
