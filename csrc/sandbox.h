@@ -72,7 +72,4 @@ int pyvmm_sandbox_load(const void *prog, int len);
  * 0 or -errno.
  */
 int pyvmm_sandbox_forget(uint64_t addr, uint64_t len, int mapping);
-
-/* How many names of the last build this architecture did not know. */
-int pyvmm_sandbox_unknown(void);
 #endif

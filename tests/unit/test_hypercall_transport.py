@@ -130,6 +130,17 @@ def test_a_number_past_solo5s_is_a_slot_only_while_a_kind_answers_it(answered_te
     assert X86_64.hypercall(IoOut(PIO + n, 4, GPA)) is None
 
 
+def test_the_last_number_a_kind_may_claim_is_63():
+    """Extras are bits of one 64-bit word: 63 is the last; none is past it."""
+    try:
+        assert lib.pyvmm_hypercall_set_extra(1 << 63) == 0
+        assert lib.pyvmm_hypercall_pio_slot(4, 1, PIO + 63) == 63
+        assert lib.pyvmm_hypercall_mmio_slot(4, MMIO + 8 * 63) == 63
+        assert lib.pyvmm_hypercall_pio_slot(4, 1, PIO + 64) == -1
+    finally:
+        lib.pyvmm_hypercall_set_extra(0)
+
+
 def test_solo5s_own_numbers_cannot_be_claimed_as_extra():
     assert lib.pyvmm_hypercall_set_extra(1 << lib.HVT_HYPERCALL_NET_READ) == -1
     assert lib.pyvmm_hypercall_set_extra(1 | 1 << 20) == -1

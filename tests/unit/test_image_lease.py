@@ -298,18 +298,20 @@ def test_a_sigbus_sent_to_the_process_keeps_its_action(image: Path, sent_by: str
     assert "survived" not in result.stdout
 
 
-@pytest.mark.parametrize("source", [0x100000, BASE + 8 * PAGE_SIZE])
-def test_a_copy_into_a_page_gone_answers_efault_from_below_or_above(
-    image: Path, source: int
+@pytest.mark.parametrize("gone_side", ["destination", "source"])
+@pytest.mark.parametrize("other", [0x100000, BASE + 8 * PAGE_SIZE])
+def test_a_copy_with_a_page_gone_answers_efault_from_either_side(
+    image: Path, gone_side: str, other: int
 ) -> None:
-    """The guard covers the destination as well as the source, wherever
-    one lies from the other (here a source in guest memory below the gone
+    """The guard covers the destination and the source, wherever one lies
+    from the other (here the other side in guest memory below the gone
     page, then above it)."""
+    args = "gone, other" if gone_side == "destination" else "other, gone"
     result = in_child(
         f"""
         gone = ffi.cast("uint8_t *", memory.host_addr + {BASE + PAGE_SIZE})
-        source = ffi.cast("uint8_t *", memory.host_addr + {source})
-        print(lib.pyvmm_copy_guarded(gone, source, 64), lib.pyvmm_guard_in_force())
+        other = ffi.cast("uint8_t *", memory.host_addr + {other})
+        print(lib.pyvmm_copy_guarded({args}, 64), lib.pyvmm_guard_in_force())
         """,
         image,
         writable=True,

@@ -137,3 +137,66 @@ def test_a_set_past_the_limit_is_refused_with_nothing_ready():
     ready = ffi.new("uint64_t[]", [2**64 - 1] * lib.PYVMM_WAIT_MASK_WORDS)
     assert lib.pyvmm_wait_readable(fds, len(fds), 0, ready) == -errno.EINVAL
     assert ready[0] == 0
+
+
+def test_nothing_ready_is_0_whatever_errno_held():
+    """A wait that ends with nothing ready answers 0, not a stale errno
+    from an earlier call read as its failure."""
+    fds = ffi.new("int[]", [-1])
+    ready = ffi.new("uint64_t *")
+    for call in (lib.pyvmm_wait_readable, lib.pyvmm_poll_until):
+        ffi.errno = errno.EIO
+        assert call(fds, 1, 0, ready) == 0
+
+
+def test_the_ready_mask_is_cleared_first():
+    """The caller's mask may hold the last poll's bits: a wait with nothing
+    ready leaves every word 0."""
+    fds = ffi.new("int[]", [-1] * lib.PYVMM_WAIT_MAX_FDS)
+    ready = ffi.new("uint64_t[]", [2**64 - 1] * lib.PYVMM_WAIT_MASK_WORDS)
+    assert lib.pyvmm_wait_readable(fds, lib.PYVMM_WAIT_MAX_FDS, 0, ready) == 0
+    assert list(ready) == [0] * lib.PYVMM_WAIT_MASK_WORDS
+
+
+def test_a_negative_timeout_is_a_look_without_waiting():
+    fds = ffi.new("int[]", [-1])
+    ready = ffi.new("uint64_t *")
+    assert lib.pyvmm_wait_readable(fds, 1, -5, ready) == 0
+    assert lib.pyvmm_wait_readable(fds, 1, -(2**63), ready) == 0
+
+
+def test_only_the_sets_own_entries_are_reported():
+    """A ready fd of an earlier, longer set is no bit of this one's (the
+    poll entries past this set's length are left from that call)."""
+    fd = os.eventfd(1, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+    try:
+        ready = ffi.new("uint64_t *")
+        assert lib.pyvmm_wait_readable(ffi.new("int[]", [-1, fd]), 2, 0, ready) == 1
+        assert ready[0] == 0b10
+        assert lib.pyvmm_wait_readable(ffi.new("int[]", [-1, fd]), 1, 0, ready) == 0
+        assert ready[0] == 0
+    finally:
+        os.close(fd)
+
+
+def test_a_two_second_wait_lasts_two_seconds():
+    """The timespec's seconds and nanoseconds both from the one count: 2 s
+    is 2 s and 0 ns (bounds half a second wide; a wrong split is a second
+    off)."""
+    fds = ffi.new("int[]", [-1])
+    ready = ffi.new("uint64_t *")
+    timeout = 2 * 10**9
+    start = time.monotonic_ns()
+    assert lib.pyvmm_wait_readable(fds, 1, timeout, ready) == 0
+    assert timeout <= time.monotonic_ns() - start < timeout + 10**9 // 2
+
+
+def test_a_deadline_wait_ends_at_its_deadline_not_a_step_later():
+    """Each step waits the time left to the deadline less its slack: the
+    wait ends near the deadline, not one whole timeout after it."""
+    fds = ffi.new("int[]", [-1])
+    ready = ffi.new("uint64_t *")
+    timeout = 400 * MS
+    start = time.monotonic_ns()
+    assert lib.pyvmm_poll_until(fds, 1, timeout, ready) == 0
+    assert timeout <= time.monotonic_ns() - start < timeout * 3 // 2
