@@ -155,11 +155,14 @@ def filtered_state(program: bytes, before: Callable[[], None]) -> tuple[int, str
     return persona, filters
 
 
-def test_the_load_drops_read_implies_exec_and_keeps_the_rest_of_the_personality() -> None:
+@pytest.mark.parametrize("flags", [ADDR_NO_RANDOMIZE | READ_IMPLIES_EXEC, ADDR_NO_RANDOMIZE])
+def test_the_load_drops_read_implies_exec_and_keeps_the_rest_of_the_personality(
+    flags: int,
+) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
 
     def before() -> None:
-        libc.personality(ADDR_NO_RANDOMIZE | READ_IMPLIES_EXEC)
+        libc.personality(flags)
 
     persona, _ = filtered_state(sandbox.bound(vm_fd=5, vcpu_fd=6), before)
     assert persona == ADDR_NO_RANDOMIZE
@@ -175,6 +178,44 @@ def test_a_load_stacks_one_filter_whatever_errno_held() -> None:
 
     _, filters = filtered_state(sandbox.bound(vm_fd=5, vcpu_fd=6), before)
     assert filters == "1"
+
+
+@pytest.mark.parametrize("unbound", [PID, VM_FD, VCPU_FD])
+def test_a_program_with_any_placeholder_left_is_not_loaded(unbound: int) -> None:
+    """Bound but for one placeholder (its rule would name a pid or fd
+    nobody has): refused before anything is loaded."""
+    values = {PID: os.getpid(), VM_FD: 5, VCPU_FD: 6}
+    partly = pack((code, jt, jf, values[k] if code == JEQ_K and k in values and k != unbound else k)
+                  for code, jt, jf, k in insns(sandbox.program(kill=False)))  # fmt: skip
+    assert in_filtered_child(partly, lambda: "loaded") == "load: EINVAL"
+
+
+def test_building_again_and_again_keeps_no_memory() -> None:
+    """Each build's libseccomp context is released: the C heap in use grows
+    by less than 1 MiB over 50 more builds (glibc's mallinfo2; measured
+    here: 70 KiB of the interpreter's own, against 2.4 MiB when each
+    build's context, about 49 KiB, is kept)."""
+    result = run_python(
+        """
+        import ctypes
+        from pyvmm.host import sandbox
+
+        class Info(ctypes.Structure):
+            _fields_ = [(name, ctypes.c_size_t) for name in (
+                "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+        libc = ctypes.CDLL(None)
+        libc.mallinfo2.restype = Info
+        sandbox.compile_program(False)
+        before = libc.mallinfo2().uordblks
+        for _ in range(50):
+            sandbox.compile_program(False)
+        print(libc.mallinfo2().uordblks - before)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) < 1 << 20, result.stdout
 
 
 def test_the_first_rule_of_the_list_is_allowed() -> None:
@@ -230,6 +271,7 @@ def mapping_at(address: int) -> str:
 def test_forgetting_a_mapping_replaces_it_with_an_inaccessible_one() -> None:
     area, start = private_area(4)
     page = mmap.PAGESIZE
+    ffi.errno = errno.EIO  # not read as the mmap's failure
     assert lib.pyvmm_sandbox_forget(start + page, 2 * page, 1) == 0
     assert mapping_at(start + page) == "---p"
     assert mapping_at(start) == mapping_at(start + 3 * page) == "rw-p"
