@@ -78,19 +78,18 @@ int64_t pyvmm_poll_step(int64_t remaining_ns)
 int pyvmm_poll_until(const int *fds, int nfds, int64_t timeout_ns, uint64_t *ready)
 {
     /* The deadline from now, the host's earliest look at the request. */
-    int64_t now = (int64_t)clock_ns(CLOCK_MONOTONIC), deadline, left;
+    int64_t now = (int64_t)clock_ns(CLOCK_MONOTONIC), deadline;
     int r;
 
     if (timeout_ns <= 0)
         return pyvmm_wait_readable(fds, nfds, 0, ready);
     deadline = timeout_ns > INT64_MAX - now ? INT64_MAX : now + timeout_ns;
-    for (left = timeout_ns;;) {
-        r = pyvmm_wait_readable(fds, nfds, pyvmm_poll_step(left), ready);
+    for (;;) {
+        r = pyvmm_wait_readable(fds, nfds, pyvmm_poll_step(deadline - now), ready);
         if (r != 0)
             return r;   /* ready, a signal (-EINTR) or a failure */
         now = (int64_t)clock_ns(CLOCK_MONOTONIC);
         if (now >= deadline)
             return 0;
-        left = deadline - now;
     }
 }
