@@ -94,8 +94,8 @@ void pyvmm_guard_enter(struct pyvmm_guard *g, const void *a, uint64_t alen, cons
 {
     pthread_once(&installed, install);
     g->lo[0] = (uintptr_t)a;
-    g->hi[0] = g->lo[0] + alen;
     g->lo[1] = (uintptr_t)b;
+    g->hi[0] = g->lo[0] + alen;
     g->hi[1] = g->lo[1] + blen;
     /* A guard interrupted by a signal whose handler guards too (the image
      * lease's) is back in force once that one leaves. */
