@@ -451,6 +451,53 @@ def test_a_ring_with_frames_is_ready_without_a_wait(rig, shm):
     assert rig.fp.poll_idle == 0
 
 
+def test_a_stale_wake_up_is_cleared_before_the_wait(rig, shm):
+    """A wake-up left from frames the guest has read since: drained before
+    the look, so the poll waits its timeout (the idle mark is set) instead
+    of returning at once with nothing ready."""
+    wake = rig.fp.poll_fd[1]
+    os.eventfd_write(wake, 1)
+    arg = rig.struct("hvt_hc_poll", timeout_nsecs=300_000, ready_set=0xFF)
+    assert isinstance(rig.run((POLL, ARG)), exits.Hlt)
+    assert arg.ready_set == 0 and rig.fp.poll_idle == 1
+    with pytest.raises(BlockingIOError):
+        os.eventfd_read(wake)
+
+
+def test_a_frame_published_during_the_wait_is_reported(rig, shm):
+    """The IO thread publishes while the vCPU waits and signals the wake
+    eventfd, which ends the wait: the rings are looked at again after it."""
+    import threading
+
+    wake = rig.fp.poll_fd[1]
+
+    def publish() -> None:
+        time.sleep(0.1)  # the vCPU in its wait by then
+        shm.prod = 1
+        os.eventfd_write(wake, 1)
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    arg = rig.struct("hvt_hc_poll", timeout_nsecs=20 * 10**9, ready_set=0)
+    try:
+        assert isinstance(rig.run((POLL, ARG)), exits.Hlt)
+    finally:
+        publisher.join()
+    assert arg.ready_set == 1 << 7
+
+
+def test_the_last_entry_of_the_largest_set_reports_its_handle(rig, fds):
+    """Entry 65 (the second mask word's bit 1) of a set of
+    PYVMM_FAST_MAX_POLL: its own bit, not entry 64's."""
+    made = fds(lib.PYVMM_FAST_MAX_POLL)
+    taps = [(fd, h) for h, fd in enumerate(made[1 : lib.MFT_MAX_ENTRIES + 1])]
+    set_poll(rig, [(made[0], -1)] + taps + [(made[-1], 5)])
+    os.eventfd_write(made[-1], 1)
+    arg = rig.struct("hvt_hc_poll", timeout_nsecs=0)
+    assert isinstance(rig.run((POLL, ARG)), exits.Hlt)
+    assert arg.ready_set == 1 << 5
+
+
 def test_a_buffer_of_the_largest_length_is_answered_in_c(tmp_path):
     """net_read's length is a uint64_t the fast path takes up to UINT32_MAX
     (tap_io_read's size): with 5 GiB of guest memory (mapped, not touched)
