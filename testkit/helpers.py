@@ -6,11 +6,13 @@ code run in a fresh interpreter."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +207,25 @@ def handles_stop_signals(pid: int) -> bool:
     except (OSError, StopIteration):
         return False
     return bool(int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+
+
+def answer_in_fork(action: Callable[[], str]) -> str:
+    """``action()``'s answer from a forked child, for what cannot be undone
+    in the test's process (a seccomp filter loaded, another uid taken):
+    the child runs no pytest and no clean-up, only the action, and ends."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            os.write(write, action().encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        answer = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return answer
 
 
 def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -56,6 +56,7 @@ import pytest
 from test_serve import Launcher, wait_for
 
 from conftest import ROOT, guest
+from testkit.helpers import answer_in_fork
 
 pytestmark = pytest.mark.kvm
 
@@ -70,26 +71,17 @@ def as_uid(uid: int, action: Callable[[], str]) -> str:
     """``action()``'s answer, run in a forked child that has become ``uid``
     (no supplementary groups): another user's credentials, as the kernel
     records them at connect(2) and checks them at open(2)."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: no pytest, no cleanup, one answer
+
+    def as_that_user() -> str:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
         try:
-            os.close(read)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            try:
-                answer = action()
-            except OSError as err:
-                answer = f"error {err.errno}"
-            os.write(write, answer.encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        answer = pipe.read().decode()
-    os.waitpid(pid, 0)
-    return answer
+            return action()
+        except OSError as err:
+            return f"error {err.errno}"
+
+    return answer_in_fork(as_that_user)
 
 
 def connect(path: str) -> str:

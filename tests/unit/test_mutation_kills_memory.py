@@ -138,25 +138,18 @@ def test_an_mprotect_the_host_refuses_is_named_by_its_errno():
     from pyvmm.host import sandbox
 
     prog = sandbox.bound(vm_fd=0, vcpu_fd=0)
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        said = "load-failed"
+
+    def action() -> str:
+        memory = GuestMemory(4 * MIB)
+        if lib.pyvmm_sandbox_load(ffi.from_buffer(prog), len(prog)) != 0:
+            return "load-failed"
         try:
-            memory = GuestMemory(4 * MIB)
-            if lib.pyvmm_sandbox_load(ffi.from_buffer(prog), len(prog)) == 0:
-                said = "no error"
-                try:
-                    memory.protect(BASE, PAGE_SIZE, Protection(read=True, execute=True))
-                except HostError as err:
-                    said = str(err)
-            os.write(write, said.encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        said = pipe.read().decode()
-    os.waitpid(pid, 0)
+            memory.protect(BASE, PAGE_SIZE, Protection(read=True, execute=True))
+        except HostError as err:
+            return str(err)
+        return "no error"
+
+    said = helpers.answer_in_fork(action)
     assert said == "mprotect of guest memory failed: Operation not permitted"
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from pyvmm._native import ffi, lib
 from pyvmm.host.sandbox import _SYSCALLS, ALLOW
+from testkit.helpers import answer_in_fork
 
 
 def _build(size: int) -> int:
@@ -157,27 +158,20 @@ def _filtered(attempts) -> list[str]:
     from pyvmm.host import sandbox
 
     prog = sandbox.bound(vm_fd=0, vcpu_fd=0)
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        said = b"load-failed"
-        try:
-            if lib.pyvmm_sandbox_load(ffi.from_buffer(prog), len(prog)) == 0:
-                said = b""
-                for attempt in attempts:
-                    try:
-                        attempt()
-                        said += b"ok "
-                    except OSError as err:
-                        said += errno.errorcode[err.errno].encode() + b" "
-            os.write(write, said)
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        said = pipe.read().decode()
-    os.waitpid(pid, 0)
-    return said.split()
+
+    def action() -> str:
+        if lib.pyvmm_sandbox_load(ffi.from_buffer(prog), len(prog)) != 0:
+            return "load-failed"
+        said = ""
+        for attempt in attempts:
+            try:
+                attempt()
+                said += "ok "
+            except OSError as err:
+                said += errno.errorcode[err.errno] + " "
+        return said
+
+    return answer_in_fork(action).split()
 
 
 def test_the_filter_refuses_executable_memory_of_any_length() -> None:

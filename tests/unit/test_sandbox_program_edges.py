@@ -23,7 +23,7 @@ import pytest
 
 from pyvmm._native import ffi, lib
 from pyvmm.host import sandbox
-from testkit.helpers import run_python
+from testkit.helpers import answer_in_fork, run_python
 
 PID, VM_FD, VCPU_FD = 0x7E5A0001, 0x7E5A0002, 0x7E5A0003  # the placeholders
 JEQ_K, JGT_K = 0x15, 0x25  # BPF_JMP | BPF_JEQ | BPF_K, BPF_JMP | BPF_JGT | BPF_K
@@ -51,22 +51,14 @@ def bind(program: bytes, length: int | None = None) -> tuple[int, bytes]:
 def in_filtered_child(program: bytes, then: Callable[[], str], before=None) -> str:
     """``then()``'s answer in a forked child that loaded ``program`` (after
     ``before()``, if given), or "load: <errno>"."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            if before is not None:
-                before()
-            err = lib.pyvmm_sandbox_load(ffi.from_buffer(program), len(program))
-            said = then() if err == 0 else f"load: {errno.errorcode.get(-err, err)}"
-            os.write(write, said.encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        said = pipe.read().decode()
-    os.waitpid(pid, 0)
-    return said
+
+    def action() -> str:
+        if before is not None:
+            before()
+        err = lib.pyvmm_sandbox_load(ffi.from_buffer(program), len(program))
+        return then() if err == 0 else f"load: {errno.errorcode.get(-err, err)}"
+
+    return answer_in_fork(action)
 
 
 # -- binding --------------------------------------------------------------------------
